@@ -78,6 +78,10 @@ class KeyIndex(Generic[P]):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def principals(self) -> list[P]:
+        """Every principal, in the order given (for listing keys, never for authentication)."""
+        return [principal for _, principal in self._entries.values()]
+
     def lookup(self, presented_key: str) -> P | None:
         """The principal whose hash matches ``presented_key``, or None (empty or unknown key)."""
         if not presented_key or len(presented_key) > MAX_KEY_LENGTH:
@@ -104,13 +108,13 @@ def keys_new_command(tenant: str | None, key_id: str | None) -> str:
     if key_id is None:
         key_id = f"{tenant or 'key'}-{secrets.token_hex(3)}"
     key, key_hash = new_key()
-    where = f"tenant {tenant!r}" if tenant else "the tenant"
+    where = f"tenant {tenant}" if tenant else "its tenant"
     return (
         "New API key (shown once: store it now, Hardcap keeps only its hash):\n"
         "\n"
         f"  {key}\n"
         "\n"
-        f"Add it to the config under {where}'s `keys:`:\n"
+        f"Add it to the config, under `keys:` of {where}:\n"
         "\n"
         f"      - id: {key_id}\n"
         f'        hash: "{key_hash}"\n'

@@ -7,11 +7,13 @@ sending, so a test can compare the gateway's ledger with what really left the "m
 
 Tenant: the request's `user`, else `metadata.tenant`, else "anonymous".
 
-Test directives in the last user message: `[mock:status=503]` answers with that status,
-`[mock:die_after=N]` cuts a stream after N tokens (no finish chunk, no [DONE]),
-`[mock:tokens=N]` forces N output tokens (max_tokens still caps), `[mock:pace_ms=X]` overrides
-the pace. Randomness is drawn when a request arrives, so a seeded run is reproducible as long
-as requests arrive in the same order.
+Test directives in the last user message: `[mock:status=503]` answers with that status;
+`[mock:die_after=N]` cuts a stream after N tokens, or at its end if shorter (no finish chunk,
+no [DONE]; ignored without streaming); `[mock:tokens=N]` forces N output tokens (max_tokens
+still caps); `[mock:pace_ms=X]` overrides the pace.
+
+Randomness is drawn when a request arrives, so a seeded run is reproducible as long as requests
+arrive in the same order.
 """
 
 from __future__ import annotations
@@ -24,27 +26,18 @@ import random
 import time
 import uuid
 from collections.abc import AsyncGenerator
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from hardcap_core.mock_text import (
-    argument_tokens,
-    directives,
-    draw_length,
-    draw_words,
-    estimate_prompt_tokens,
-    mentions_weather,
-    text_of,
-)
+from hardcap_core.mock_plan import ChatRequest, Plan, make_plan
 
 MODELS = ("mock-small", "mock-large", "mock-reason")
-FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +60,12 @@ class MockSettings:
 
 @dataclasses.dataclass
 class TenantTruth:
-    """What the mock really did for one tenant. Counters only ever grow (until a reset)."""
+    """What the mock really did for one tenant.
+
+    `completion_tokens` counts reasoning and output tokens as they were handed to the server.
+    `aborted`: answers that never reached their end (client gone, or `die_after`). `errors`:
+    injected error statuses, which count as requests but bill nothing.
+    """
 
     requests: int = 0
     prompt_tokens: int = 0
@@ -105,44 +103,6 @@ class GroundTruth:
     def as_json(self) -> dict[str, Any]:
         """The `GET /mock/ground-truth` body."""
         return {"tenants": {name: t.as_json() for name, t in self._tenants.items()}}
-
-
-class _StreamOptions(BaseModel):
-    include_usage: bool = False
-
-
-class ChatRequest(BaseModel):
-    """The fields of a Chat Completions request the mock looks at; others are ignored."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model: str
-    messages: list[dict[str, Any]]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    stream: bool = False
-    stream_options: _StreamOptions | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    user: str | None = None
-    metadata: dict[str, Any] | None = None
-    reasoning_effort: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    """Everything one response will contain, drawn up front when the request arrives."""
-
-    reasoning: list[str]
-    content: list[str]
-    tool_name: str | None
-    finish_reason: FinishReason
-    pace_ms: float
-    die_after: int | None
-
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.reasoning) + len(self.content)
 
 
 class _MockAbort(Exception):
@@ -205,85 +165,19 @@ def _error(status: int, message: str) -> JSONResponse:
     )
 
 
-def _tenant_of(req: ChatRequest) -> str:
-    if req.user:
-        return req.user
-    tenant = (req.metadata or {}).get("tenant")
-    return tenant if isinstance(tenant, str) and tenant else "anonymous"
-
-
-def _last_user_text(req: ChatRequest) -> str:
-    for message in reversed(req.messages):
-        if message.get("role") == "user":
-            return text_of(message.get("content"))
-    return ""
-
-
-def _tool_to_call(req: ChatRequest, last_user: str) -> dict[str, Any] | None:
-    """The function definition the mock will call, or None for a plain text answer."""
-    functions = [t["function"] for t in req.tools or [] if isinstance(t.get("function"), dict)]
-    choice = req.tool_choice
-    if not functions or choice == "none":
-        return None
-    if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name")
-        named = [f for f in functions if f.get("name") == name]
-        return named[0] if named else {"name": str(name)}
-    if choice == "required" or mentions_weather(last_user):
-        return functions[0]
-    return None
-
-
-def _plan(req: ChatRequest, settings: MockSettings, rng: random.Random, knobs: dict[str, float]) -> _Plan:
-    reasoning: list[str] = []
-    if "reason" in req.model or req.reasoning_effort is not None:
-        count = settings.reasoning_tokens or draw_length(rng, settings.median_tokens, settings.sigma)
-        reasoning = draw_words(rng, count)
-    forced = knobs.get("tokens")
-    drawn = int(forced) if forced is not None else draw_length(
-        rng, settings.median_tokens, settings.sigma
-    )
-    tool = _tool_to_call(req, _last_user_text(req))
-    if tool is None:
-        content, natural_end = draw_words(rng, drawn), "stop"
-    else:
-        properties = (tool.get("parameters") or {}).get("properties") or {}
-        field = next(iter(properties), "text")
-        content, natural_end = argument_tokens(rng, drawn, str(field)), "tool_calls"
-        if forced is not None:
-            content = content[: int(forced)]
-    # Like real providers, the cap covers reasoning and output together.
-    cap = req.max_completion_tokens or req.max_tokens
-    finish: FinishReason = natural_end  # type: ignore[assignment]
-    if cap is not None and len(reasoning) + len(content) > cap:
-        finish = "length"
-        reasoning = reasoning[:cap]
-        content = content[: cap - len(reasoning)]
-    die_after = knobs.get("die_after")
-    return _Plan(
-        reasoning=reasoning,
-        content=content,
-        tool_name=None if tool is None else str(tool.get("name", "")),
-        finish_reason=finish,
-        pace_ms=knobs.get("pace_ms", settings.pace_ms),
-        die_after=None if die_after is None else int(die_after),
-    )
-
-
-def _usage(prompt_tokens: int, plan: _Plan) -> dict[str, Any]:
+def _usage(plan: Plan) -> dict[str, Any]:
     return {
-        "prompt_tokens": prompt_tokens,
+        "prompt_tokens": plan.prompt_tokens,
         "completion_tokens": plan.completion_tokens,
-        "total_tokens": prompt_tokens + plan.completion_tokens,
+        "total_tokens": plan.prompt_tokens + plan.completion_tokens,
         "completion_tokens_details": {"reasoning_tokens": len(plan.reasoning)},
     }
 
 
 async def _stream(
-    req: ChatRequest, plan: _Plan, prompt_tokens: int, truth: TenantTruth,
-    settings: MockSettings,
-) -> AsyncIterator[str]:
-    """SSE events, one token per chunk; counts each token into `truth` as it is yielded."""
+    req: ChatRequest, plan: Plan, account: _Account, first_token_ms: float
+) -> AsyncGenerator[str, None]:
+    """SSE events, one token per chunk; counts each token into `account` as it is yielded."""
     chunk_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
     include_usage = req.stream_options is not None and req.stream_options.include_usage
@@ -304,10 +198,10 @@ async def _stream(
     else:
         tokens += [{"tool_calls": [{"index": 0, "function": {"arguments": t}}]}
                    for t in plan.content]
-    started = time.monotonic() + settings.first_token_ms / 1000
+    started = time.monotonic() + first_token_ms / 1000
     finished = False
     try:
-        await asyncio.sleep(settings.first_token_ms / 1000)
+        await asyncio.sleep(first_token_ms / 1000)
         yield event({"role": "assistant", "content": None if plan.tool_name else ""})
         for i, delta in enumerate(tokens):
             if i == plan.die_after:
@@ -320,43 +214,34 @@ async def _stream(
             # Sleep to an absolute schedule so per-sleep overhead does not slow the pace; a
             # zero sleep still yields to the loop, where Starlette notices a disconnect.
             await asyncio.sleep(max(0.0, started + i * plan.pace_ms / 1000 - time.monotonic()))
-            truth.completion_tokens += 1
+            account.add_tokens(1)
             yield event(delta)
         if plan.die_after is not None and plan.die_after >= len(tokens):
             raise _MockAbort
         yield event({}, plan.finish_reason)
         if include_usage:
             usage = {"id": chunk_id, "object": "chat.completion.chunk", "created": created,
-                     "model": req.model, "choices": [], "usage": _usage(prompt_tokens, plan)}
+                     "model": req.model, "choices": [], "usage": _usage(plan)}
             yield f"data: {json.dumps(usage)}\n\n"
         yield "data: [DONE]\n\n"
         finished = True
     finally:
         # Runs on normal end, on _MockAbort, and on cancellation or GeneratorExit when the client
-        # goes away, so by the time in_flight drops the counts are final.
-        truth.in_flight -= 1
-        if finished:
-            truth.completed += 1
-        else:
-            truth.aborted += 1
+        # goes away: no token is counted after this, so once in_flight drops the counts are final.
+        account.close(finished)
 
 
 async def _complete(
-    req: ChatRequest, plan: _Plan, prompt_tokens: int, truth: TenantTruth,
-    settings: MockSettings,
+    req: ChatRequest, plan: Plan, account: _Account, first_token_ms: float
 ) -> Response:
     finished = False
     try:
         # A real model takes as long to answer without streaming as with it.
-        await asyncio.sleep((settings.first_token_ms + plan.completion_tokens * plan.pace_ms) / 1000)
-        truth.completion_tokens += plan.completion_tokens
+        await asyncio.sleep((first_token_ms + plan.completion_tokens * plan.pace_ms) / 1000)
+        account.add_tokens(plan.completion_tokens)
         finished = True
     finally:
-        truth.in_flight -= 1
-        if finished:
-            truth.completed += 1
-        else:
-            truth.aborted += 1
+        account.close(finished)
     message: dict[str, Any] = {"role": "assistant", "content": None, "refusal": None}
     if plan.reasoning:
         message["reasoning"] = "".join(plan.reasoning)
@@ -372,7 +257,7 @@ async def _complete(
         "created": int(time.time()), "model": req.model,
         "choices": [{"index": 0, "message": message, "logprobs": None,
                      "finish_reason": plan.finish_reason}],
-        "usage": _usage(prompt_tokens, plan),
+        "usage": _usage(plan),
     })
 
 
@@ -390,20 +275,23 @@ def create_mock_app(settings: MockSettings) -> Starlette:
             return _error(400, "messages must not be empty")
         if any(cap is not None and cap < 1 for cap in (req.max_tokens, req.max_completion_tokens)):
             return _error(400, "max_tokens must be at least 1")
-        tenant = truth.tenant(_tenant_of(req))
+        plan = make_plan(
+            req, rng, median_tokens=settings.median_tokens, sigma=settings.sigma,
+            reasoning_tokens=settings.reasoning_tokens, pace_ms=settings.pace_ms,
+        )
+        tenant = truth.tenant(req.tenant())
         tenant.requests += 1
-        knobs = directives(_last_user_text(req))
-        status = int(knobs.get("status", 200))
-        if status >= 400:
+        if plan.status >= 400:
+            # Providers do not bill a failed request, so only `errors` records it.
             tenant.errors += 1
-            return _error(status, f"injected error {status} ([mock:status={status}])")
-        plan = _plan(req, settings, rng, knobs)
-        prompt_tokens = estimate_prompt_tokens(req.messages)
-        tenant.prompt_tokens += prompt_tokens
+            return _error(plan.status, f"injected error ([mock:status={plan.status}])")
+        tenant.prompt_tokens += plan.prompt_tokens
         tenant.in_flight += 1
+        account = _Account(tenant)
         if req.stream:
-            return _CuttableStreamingResponse(_stream(req, plan, prompt_tokens, tenant, settings))
-        return await _complete(req, plan, prompt_tokens, tenant, settings)
+            body = _stream(req, plan, account, settings.first_token_ms)
+            return _CuttableStreamingResponse(body, account)
+        return await _complete(req, plan, account, settings.first_token_ms)
 
     async def ground_truth(_: Request) -> Response:
         return JSONResponse(truth.as_json())
@@ -431,7 +319,9 @@ def create_mock_app(settings: MockSettings) -> Starlette:
     return app
 
 
-def run_mock(host: str = "127.0.0.1", port: int = 9001, settings: MockSettings | None = None) -> None:
+def run_mock(
+    host: str = "127.0.0.1", port: int = 9001, settings: MockSettings | None = None
+) -> None:
     """Serve the mock under uvicorn until interrupted."""
     import uvicorn  # only the CLI path needs the server
 

@@ -164,17 +164,28 @@ class LocalCluster:
         return self
 
     def _wait_ok(self, timeout: float = 20.0) -> None:
+        """Until every node says ok AND all agree on who owns each slot.
+
+        Right after ``--cluster create`` the nodes' slot maps converge for a moment; clients
+        that start then see MOVED replies (and redis-py's async cluster client reacts badly
+        to a burst of them under concurrency), so wait for agreement.
+        """
+        import redis
+
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            states = []
+            views = []
             for n in self.nodes:
-                with socket.create_connection(("127.0.0.1", n.port), timeout=1) as s:
-                    s.sendall(b"CLUSTER INFO\r\n")
-                    states.append(b"cluster_state:ok" in s.recv(4096))
-            if all(states):
-                return
+                with redis.Redis(port=n.port, socket_timeout=2) as c:
+                    info = c.cluster("INFO")
+                    rows = c.execute_command("CLUSTER SLOTS")
+                    slots = sorted((int(r[0]), int(r[1]), int(r[2][1])) for r in rows)
+                    views.append((info.get("cluster_state") == "ok", slots))
+            if all(ok for ok, _ in views) and all(v[1] == views[0][1] for v in views):
+                if len(views[0][1]) == len(self.nodes):
+                    return
             time.sleep(0.1)
-        raise TimeoutError("cluster did not reach cluster_state:ok")
+        raise TimeoutError("cluster did not converge")
 
     def stop(self) -> None:
         for n in self.nodes:

@@ -25,6 +25,8 @@
 -- Output is reserved up to the estimate `o`, shrunk to what the budgets can still hold but never
 -- below `mo`. A refusal that would fit with nothing in flight is 'busy', otherwise 'exceeded'.
 -- A refused request changes nothing but the reclaiming of expired reservations.
+-- Admitting an id that is already held is a replay (a client retry after a lost reply): it
+-- answers 'ok' with the existing reservation and reserves nothing more.
 
 local rid, ttl = ARGV[1], tonumber(ARGV[2])
 local spec = cjson.decode(ARGV[3])
@@ -32,9 +34,18 @@ local now = now_ms()
 if not windows_current(spec.w, now) then return {'clock', now} end
 reclaim(KEYS[1], KEYS[2], KEYS[3], now)
 
+local used_keys = used_keys_from(5)
+local held = redis.call('HGET', KEYS[2], rid)
+if held then
+  local used, reserved = read_counts(KEYS[1], used_keys, spec.b)
+  local reply = {'ok', now, cjson.decode(held).o}
+  append_budget_state(reply, spec.b, spec.w, used, reserved, now)
+  table.insert(reply, 0)
+  return reply
+end
+
 local est_in, est_out, min_out = spec.i, spec.o, spec.mo
 local pin, pout = spec.pi, spec.po
-local used_keys = used_keys_from(5)
 local minute = 60000
 
 -- Rate limits: compute everything first, so a refusal writes nothing.

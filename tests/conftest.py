@@ -15,6 +15,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from hardcap_core.budgets import Budget, Dimension, Level, LevelKind, RateLimit, Scope, Window
 from hardcap_core.ledger import Ledger
+from hardcap_core.redis_client import connect
 from hardcap_core.valkey_local import LocalCluster, LocalValkey
 
 
@@ -30,10 +31,8 @@ def valkey_cluster() -> Iterator[LocalCluster]:
         yield cluster
 
 
-def make_client(url: str, cluster: bool) -> Any:
-    if cluster:
-        return RedisCluster.from_url(url)
-    return aioredis.Redis.from_url(url)
+async def make_client(url: str, cluster: bool) -> Any:
+    return await connect(url, cluster=cluster)
 
 
 async def flush(client: Any) -> None:
@@ -48,7 +47,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, bo
     """(url, is_cluster) of a flushed server; contract tests run once on each."""
     cluster = request.param == "cluster"
     server = request.getfixturevalue("valkey_cluster" if cluster else "valkey")
-    client = make_client(server.url, cluster)
+    client = await make_client(server.url, cluster)
     await flush(client)
     await client.aclose()
     yield server.url, cluster
@@ -56,7 +55,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, bo
 
 @pytest.fixture
 async def client(backend: tuple[str, bool]) -> AsyncIterator[Any]:
-    c = make_client(*backend)
+    c = await make_client(*backend)
     yield c
     await c.aclose()
 

@@ -1,0 +1,555 @@
+"""The YAML config: validated once at start, turned into routes, upstreams and per-key scopes.
+
+Validation is strict: unknown fields are errors (a typo must not silently drop a budget), and
+every error names its field the way it is written, e.g. ``tenants[1].budgets[0].window``.
+The budget :class:`~hardcap_core.budgets.Scope` of every key is built here, once, so a request
+only looks its key up. The reference with every field is ``docs/config.md``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import ROUND_FLOOR, Decimal
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
+
+from . import env
+from .auth import KeyIndex, is_key_hash
+from .budgets import (
+    ID_PATTERN,
+    NANO_USD_PER_USD,
+    Budget,
+    Dimension,
+    Level,
+    LevelKind,
+    Prices,
+    RateLimit,
+    Scope,
+    Window,
+)
+from .errors import ConfigError
+from .secrets import KeySource, KeySourceKind, resolve_api_key
+
+# Lua numbers are doubles: the ledger adds integers exactly only up to 2**53.
+MAX_EXACT = 2**53
+ROUTE_NAME_PATTERN = r"^[A-Za-z0-9_.:/\-]{1,128}$"
+
+Id = Annotated[str, Field(pattern=ID_PATTERN.pattern)]
+RouteName = Annotated[str, Field(pattern=ROUTE_NAME_PATTERN)]
+NonEmpty = Annotated[str, Field(min_length=1)]
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+
+
+class _Model(BaseModel):
+    # Numbers are accepted where text is expected so that `id: 42` is not an error.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, allow_inf_nan=False, coerce_numbers_to_str=True
+    )
+
+
+class GatewaySettings(_Model):
+    """The ``gateway:`` section: how this gateway talks to the budget server and streams."""
+
+    redis_url: str | None = None
+    redis_cluster: bool = False
+    reservation_ttl_seconds: PosFloat = 120.0
+    max_body_bytes: PosInt = 1_048_576
+    extend_step_tokens: PosInt = 64
+    extend_when_within: NonNegInt = 32
+    truncate_guard_tokens: NonNegInt = 4
+    upstream_timeout_seconds: PosFloat = 300.0
+    chars_per_token: PosFloat = 4.0
+    log_prompts: bool = False
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, v: str | None) -> str | None:
+        return None if v is None else _check_redis_url(v)
+
+
+class UpstreamConfig(_Model):
+    name: Id
+    base_url: str
+    api_key_env: NonEmpty | None = None
+    api_key_secret: NonEmpty | None = None
+    api_key_parameter: NonEmpty | None = None
+    timeout_seconds: PosFloat | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, v: str) -> str:
+        scheme, sep, rest = v.partition("://")
+        if not sep or scheme.lower() not in ("http", "https") or not rest.strip("/"):
+            raise ValueError(f"{v!r} is not an http(s) URL like https://api.openai.com/v1")
+        return v.rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        # Never echo the value: a key pasted here by mistake must not end up in logs.
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError("the name of an environment variable, like OPENAI_API_KEY")
+        return v
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> UpstreamConfig:
+        if len(self.key_sources()) > 1:
+            raise ValueError("set at most one of api_key_env, api_key_secret, api_key_parameter")
+        return self
+
+    def key_sources(self) -> list[KeySource]:
+        found: list[tuple[KeySourceKind, str | None]] = [
+            ("env", self.api_key_env),
+            ("secret", self.api_key_secret),
+            ("parameter", self.api_key_parameter),
+        ]
+        return [KeySource(kind, name) for kind, name in found if name is not None]
+
+
+class EstimatorSettings(_Model):
+    """How much output to reserve up front: ``max_tokens``, a ``fixed`` amount, or a rolling p95."""
+
+    kind: Literal["max_tokens", "fixed", "p95"] = "max_tokens"
+    fixed_tokens: PosInt | None = None
+    min_samples: PosInt = 50
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"kind": data} if isinstance(data, str) else data  # `estimator: p95`
+
+    @model_validator(mode="after")
+    def _fixed(self) -> EstimatorSettings:
+        if self.kind == "fixed" and self.fixed_tokens is None:
+            raise ValueError("kind 'fixed' needs fixed_tokens")
+        if self.kind != "fixed" and self.fixed_tokens is not None:
+            raise ValueError(f"fixed_tokens is only used with kind 'fixed', not {self.kind!r}")
+        return self
+
+
+class PriceConfig(_Model):
+    input_per_million: NonNegFloat
+    output_per_million: NonNegFloat
+
+
+class RouteConfig(_Model):
+    name: RouteName
+    upstream: Id
+    model: NonEmpty | None = None
+    estimator: EstimatorSettings = EstimatorSettings()
+    policy: Literal["truncate", "allow"] = "truncate"
+    price: PriceConfig | None = None
+    max_output_tokens: PosInt = 4096
+    min_output_reservation: PosInt = 16
+
+    @model_validator(mode="after")
+    def _reservation(self) -> RouteConfig:
+        if self.min_output_reservation > self.max_output_tokens:
+            raise ValueError(
+                f"min_output_reservation ({self.min_output_reservation}) is more than "
+                f"max_output_tokens ({self.max_output_tokens})"
+            )
+        return self
+
+
+class BudgetConfig(_Model):
+    dimension: Dimension
+    limit: Annotated[Decimal, Field(ge=0)]
+    window: str
+
+    @field_validator("limit")
+    @classmethod
+    def _limit(cls, v: Decimal, info: ValidationInfo) -> Decimal:
+        if info.data.get("dimension") == Dimension.COST_USD:
+            if v * NANO_USD_PER_USD > MAX_EXACT:
+                raise ValueError(f"at most {MAX_EXACT // NANO_USD_PER_USD} USD")
+        elif v != v.to_integral_value():
+            raise ValueError(f"a token limit is a whole number, not {v}")
+        elif v > MAX_EXACT:
+            raise ValueError(f"at most {MAX_EXACT} tokens")
+        return v
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, v: str) -> str:
+        Window.parse(v)  # its ValueError says what is accepted
+        return v.strip().lower()
+
+    def build(self, level: Level) -> Budget:
+        """The budget at ``level``; cost limits go from USD to nano-USD, rounded down."""
+        scale = NANO_USD_PER_USD if self.dimension == Dimension.COST_USD else 1
+        limit = int((self.limit * scale).to_integral_value(ROUND_FLOOR))
+        return Budget(level, self.dimension, limit, Window.parse(self.window))
+
+
+class RateLimitConfig(_Model):
+    # Zero would mean "no limit" to the ledger, so it is refused: omit the field instead.
+    requests_per_minute: PosInt | None = None
+    tokens_per_minute: PosInt | None = None
+
+
+class _Level(_Model):
+    """What an org, a tenant and a key have in common: an id, budgets and rate limits."""
+
+    id: Id
+    budgets: list[BudgetConfig] = []
+    rate_limits: RateLimitConfig | None = None
+
+
+class KeyConfig(_Level):
+    hash: str
+
+    @field_validator("hash")
+    @classmethod
+    def _hash(cls, v: str) -> str:
+        if is_key_hash(v):
+            return v
+        if not v.startswith("sha256:"):
+            raise ValueError("store the key's hash (sha256:...), never the key itself")
+        raise ValueError("expected sha256: and 64 lowercase hex digits (see `hardcap keys new`)")
+
+
+class OrgConfig(_Level):
+    pass
+
+
+class TenantConfig(_Level):
+    org: Id | None = None
+    fail_mode: Literal["closed", "open"] = "closed"
+    routes: list[RouteName] | None = None
+    keys: list[KeyConfig] = []
+
+
+class ConfigFile(_Model):
+    """The whole file, as written (validated, not yet resolved into routes and scopes)."""
+
+    gateway: GatewaySettings = GatewaySettings()
+    upstreams: list[UpstreamConfig] = []
+    routes: list[RouteConfig] = []
+    orgs: list[OrgConfig] = []
+    tenants: list[TenantConfig] = []
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """A provider endpoint. Its key is resolved on first use, not at load (see ``api_key``)."""
+
+    name: str
+    base_url: str
+    timeout_seconds: float
+    key_source: KeySource | None = None
+
+    def api_key(self) -> str | None:
+        """The API key, or None if none is configured; values from AWS are cached for minutes."""
+        return resolve_api_key(self.name, self.key_source)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A public model name and how to serve it."""
+
+    name: str
+    upstream: Upstream
+    model: str
+    estimator: EstimatorSettings
+    policy: Literal["truncate", "allow"]
+    prices: Prices
+    max_output_tokens: int
+    min_output_reservation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a key belongs to and everything its requests are checked against."""
+
+    key_id: str
+    tenant_id: str
+    org_id: str | None
+    fail_mode: Literal["open", "closed"]
+    allowed_routes: frozenset[str] | None  # None: every route
+    scope: Scope
+
+    def allows(self, route: str) -> bool:
+        return self.allowed_routes is None or route in self.allowed_routes
+
+
+@dataclass(frozen=True)
+class Config:
+    """The loaded config. Build it with :func:`load_config` or :func:`parse_config`."""
+
+    gateway: GatewaySettings
+    upstreams: dict[str, Upstream]
+    routes: dict[str, Route]
+    source: str
+    file: ConfigFile = field(repr=False)
+    keys: KeyIndex[Principal] = field(repr=False)
+    tenant_scopes: dict[str, Scope] = field(repr=False)
+
+    def authenticate(self, presented_key: str) -> Principal | None:
+        """The principal of a presented API key, or None for an empty or unknown key."""
+        return self.keys.lookup(presented_key)
+
+    def tenant_scope(self, tenant_id: str) -> Scope:
+        """Tenant and org levels with their budgets and rate limits (no key level).
+
+        Raises KeyError for an unknown tenant.
+        """
+        return self.tenant_scopes[tenant_id]
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a YAML config file; :class:`ConfigError` says what is wrong and where."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"invalid YAML in {path}: {exc}") from exc
+    return parse_config(data, source=str(path))
+
+
+def parse_config(
+    data: Any, source: str = "<config>", *, environ: Mapping[str, str] | None = None
+) -> Config:
+    """Validate parsed YAML and build the config; ``environ`` (default: ``os.environ``) may
+    override ``gateway.redis_url`` and ``gateway.redis_cluster``."""
+    if data is None:
+        raise ConfigError(f"invalid config {source}: the file is empty")
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid config {source}: the top level must be a mapping")
+    try:
+        file = ConfigFile.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_report(source, [_describe(e) for e in exc.errors()])) from None
+    problems = list(_cross_check(file))
+    if problems:
+        raise ConfigError(_report(source, problems))
+    gateway = _env_overrides(file.gateway, os.environ if environ is None else environ)
+    return _build(file, gateway, source)
+
+
+def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
+    upstreams: dict[str, Upstream] = {}
+    for u in file.upstreams:
+        timeout = u.timeout_seconds or gateway.upstream_timeout_seconds
+        src = u.key_sources()
+        upstreams[u.name] = Upstream(u.name, u.base_url, timeout, src[0] if src else None)
+    routes: dict[str, Route] = {}
+    for r in file.routes:
+        p = r.price or PriceConfig(input_per_million=0, output_per_million=0)
+        prices = Prices.per_million(p.input_per_million, p.output_per_million)
+        routes[r.name] = Route(
+            r.name, upstreams[r.upstream], r.model or r.name, r.estimator, r.policy, prices,
+            r.max_output_tokens, r.min_output_reservation,
+        )  # fmt: skip
+    orgs = {o.id: o for o in file.orgs}
+    by_hash: dict[str, Principal] = {}
+    tenant_scopes: dict[str, Scope] = {}
+    for t in file.tenants:
+        chain: list[tuple[Level, _Level]] = [(Level(LevelKind.TENANT, t.id), t)]
+        if t.org is not None:
+            chain.append((Level(LevelKind.ORG, t.org), orgs[t.org]))
+        tenant_scopes[t.id] = _scope(chain)
+        allowed = None if t.routes is None else frozenset(t.routes)
+        for k in t.keys:
+            scope = _scope([(Level(LevelKind.KEY, k.id), k), *chain])
+            by_hash[k.hash] = Principal(k.id, t.id, t.org, t.fail_mode, allowed, scope)
+    return Config(gateway, upstreams, routes, source, file, KeyIndex(by_hash), tenant_scopes)
+
+
+def _scope(chain: Sequence[tuple[Level, _Level]]) -> Scope:
+    budgets = [b.build(level) for level, rules in chain for b in rules.budgets]
+    rates = [
+        RateLimit(level, r.requests_per_minute, r.tokens_per_minute)
+        for level, rules in chain
+        if (r := rules.rate_limits) is not None
+        and (r.requests_per_minute is not None or r.tokens_per_minute is not None)
+    ]
+    return Scope(tuple(level for level, _ in chain), tuple(budgets), tuple(rates))
+
+
+def _cross_check(file: ConfigFile) -> Iterable[str]:
+    """Problems pydantic cannot see field by field: references, duplicates, missing prices."""
+    yield from _unique("upstreams", "name", [u.name for u in file.upstreams])
+    yield from _unique("routes", "name", [r.name for r in file.routes])
+    yield from _unique("orgs", "id", [o.id for o in file.orgs])
+    yield from _unique("tenants", "id", [t.id for t in file.tenants])
+    keys = [(f"tenants[{i}].keys[{j}]", k) for i, t in enumerate(file.tenants)
+            for j, k in enumerate(t.keys)]  # fmt: skip
+    yield from _unique_at("id", [(loc, k.id) for loc, k in keys], "key id")
+    yield from _unique_at("hash", [(loc, k.hash) for loc, k in keys], "key hash")
+    upstreams = [u.name for u in file.upstreams]
+    routes = [r.name for r in file.routes]
+    orgs = [o.id for o in file.orgs]
+    for i, r in enumerate(file.routes):
+        yield from _known(f"routes[{i}].upstream", r.upstream, upstreams, "upstream")
+    for i, t in enumerate(file.tenants):
+        if t.org is not None:
+            yield from _known(f"tenants[{i}].org", t.org, orgs, "org")
+        for j, name in enumerate(t.routes or []):
+            yield from _known(f"tenants[{i}].routes[{j}]", name, routes, "route")
+    owners: list[tuple[str, _Level]] = [(f"orgs[{i}]", o) for i, o in enumerate(file.orgs)]
+    owners += [(f"tenants[{i}]", t) for i, t in enumerate(file.tenants)]
+    owners += keys
+    cost_at = None
+    for loc, rules in owners:
+        seen: dict[tuple[Dimension, str], int] = {}
+        for j, b in enumerate(rules.budgets):
+            what = (b.dimension, Window.parse(b.window).spec)
+            if what in seen:
+                yield f"{loc}.budgets[{j}]: same dimension and window as budgets[{seen[what]}]"
+            seen.setdefault(what, j)
+            if b.dimension == Dimension.COST_USD and cost_at is None:
+                cost_at = f"{loc}.budgets[{j}]"
+    for i, r in enumerate(file.routes):
+        if r.price is None and cost_at is not None:
+            yield (
+                f"routes[{i}].price: required because {cost_at} is a cost_usd budget "
+                "(write 0 for a free model)"
+            )
+
+
+def _unique(section: str, attr: str, values: list[str]) -> Iterable[str]:
+    items = [(f"{section}[{i}]", v) for i, v in enumerate(values)]
+    yield from _unique_at(attr, items, f"{section[:-1]} {attr}")
+
+
+def _unique_at(attr: str, items: list[tuple[str, str]], what: str) -> Iterable[str]:
+    first: dict[str, str] = {}
+    for loc, value in items:
+        if value in first:
+            yield f"{loc}.{attr}: duplicate {what} {value!r} (also at {first[value]})"
+        first.setdefault(value, loc)
+
+
+def _known(loc: str, value: str, known: list[str], what: str) -> Iterable[str]:
+    if value not in known:
+        hint = _hint(value, known, "known") if known else f" (no {what}s are defined)"
+        yield f"{loc}: no {what} named {value!r}{hint}"
+
+
+def _hint(value: str, options: Iterable[str], label: str) -> str:
+    options = list(options)
+    close = difflib.get_close_matches(value, options, n=1)
+    if close:
+        return f" (did you mean {close[0]!r}?)"
+    return f" ({label}: {', '.join(options)})" if options else ""
+
+
+def _report(source: str, problems: list[str]) -> str:
+    return f"invalid config {source}:\n" + "\n".join(f"  {p}" for p in problems)
+
+
+def _describe(err: ErrorDetails) -> str:
+    """One pydantic error as ``field.path: what is wrong``."""
+    loc = _loc(err["loc"])
+    if err["type"] == "extra_forbidden":
+        name = str(err["loc"][-1])
+        model = _model_at(err["loc"][:-1])
+        allowed = list(model.model_fields) if model is not None else []
+        return f"{loc}: unknown field{_hint(name, allowed, 'allowed')}"
+    if err["type"] == "value_error":
+        return f"{loc}: {err.get('ctx', {}).get('error', err['msg'])}"
+    if err["type"] == "missing":
+        return f"{loc}: required"
+    got = err.get("input")
+    secret = str(err["loc"][-1]) in _SECRET_FIELDS if err["loc"] else False
+    shown = f" (got {got!r})" if isinstance(got, str | int | float | bool) and not secret else ""
+    return f"{loc}: {err['msg']}{shown}"
+
+
+# Fields whose value may be (or be mistaken for) a secret: errors never repeat their value.
+_SECRET_FIELDS = frozenset(
+    {"hash", "redis_url", "api_key_env", "api_key_secret", "api_key_parameter"}
+)
+
+
+def _loc(parts: Sequence[int | str]) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
+    return out or "(top level)"
+
+
+def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The model class at a path of ConfigFile, so an unknown field can list the known ones."""
+    model: type[BaseModel] | None = ConfigFile
+    for part in loc:
+        if isinstance(part, str):
+            info = model.model_fields.get(part) if model is not None else None
+            model = _inner_model(info.annotation) if info is not None else None
+    return model
+
+
+def _inner_model(tp: Any) -> type[BaseModel] | None:
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return tp
+    return next((m for a in get_args(tp) if (m := _inner_model(a)) is not None), None)
+
+
+def _check_redis_url(url: str) -> str:
+    # The URL may hold a password, so the message shows only its scheme.
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme.lower() not in ("redis", "rediss", "unix"):
+        shown = f"scheme {scheme!r}" if sep else "no scheme"
+        raise ValueError(f"{shown}: use redis://, rediss:// (TLS) or unix://")
+    return url
+
+
+def _env_overrides(gateway: GatewaySettings, environ: Mapping[str, str]) -> GatewaySettings:
+    update: dict[str, Any] = {}
+    if url := environ.get(env.REDIS_URL, "").strip():
+        try:
+            update["redis_url"] = _check_redis_url(url)
+        except ValueError as exc:
+            raise ConfigError(f"{env.REDIS_URL}: {exc}") from None
+    if flag := environ.get(env.REDIS_CLUSTER, "").strip().lower():
+        if flag not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise ConfigError(f"{env.REDIS_CLUSTER}={flag!r}: use true or false")
+        update["redis_cluster"] = flag in ("1", "true", "yes", "on")
+    return gateway.model_copy(update=update) if update else gateway
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses duplicate keys, which plain YAML resolves by keeping the last."""
+
+
+def _mapping_without_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
+    seen: set[object] = set()
+    for key_node, _ in node.value:
+        # Only plain keys: `<<` merges and complex keys are construct_mapping's business.
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+            continue
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates
+)

@@ -1,0 +1,46 @@
+"""One place that builds the budget server's client, standalone or cluster, with sane limits.
+
+Built once per process (per Lambda execution environment) and shared by every request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .errors import LedgerUnavailable
+
+# A script call answers in well under a millisecond; a server that takes seconds is as good as
+# down, and the tenant's fail mode (closed: 503, open: go ahead) should decide quickly.
+SOCKET_TIMEOUT_S = 2.0
+CONNECT_TIMEOUT_S = 2.0
+# redis-py's async cluster client refuses (MaxConnectionsError) rather than waits beyond this
+# many connections per node; a gateway process under load can have this many calls in flight.
+CLUSTER_MAX_CONNECTIONS = 4096
+
+
+async def connect(url: str, *, cluster: bool = False) -> Any:
+    """A ready client for ``url`` (``redis://`` or ``rediss://`` for TLS, as on ElastiCache).
+
+    A cluster client loads the slot map now, before the first request: clients that start
+    cold under concurrency send to the wrong node and see a burst of MOVED replies.
+    """
+    common: dict[str, Any] = {
+        "socket_timeout": SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "health_check_interval": 30,
+    }
+    if not cluster:
+        return aioredis.Redis.from_url(url, **common)
+    client = RedisCluster.from_url(url, max_connections=CLUSTER_MAX_CONNECTIONS, **common)
+    try:
+        await client.initialize()
+    except (RedisConnectionError, RedisTimeoutError, RedisClusterException, OSError) as e:
+        await client.aclose()
+        raise LedgerUnavailable(f"budget server cluster unreachable at {url}: {e}") from e
+    return client
