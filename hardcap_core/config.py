@@ -1,252 +1,70 @@
-"""The YAML config: validated once at start, turned into routes, upstreams and per-key scopes.
+"""Loading the YAML config: cross-checks, error messages, and the runtime objects built from it.
 
 Validation is strict: unknown fields are errors (a typo must not silently drop a budget), and
 every error names its field the way it is written, e.g. ``tenants[1].budgets[0].window``.
 The budget :class:`~hardcap_core.budgets.Scope` of every key is built here, once, so a request
-only looks its key up. The reference with every field is ``docs/config.md``.
+only looks its key up. The file's schema (one model per section) is in
+:mod:`hardcap_core.config_schema`; the reference with every field is ``docs/config.md``.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import ROUND_FLOOR, Decimal
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from . import env
-from .auth import KeyIndex, is_key_hash
-from .budgets import (
-    ID_PATTERN,
-    NANO_USD_PER_USD,
-    Budget,
-    Dimension,
-    Level,
-    LevelKind,
-    Prices,
-    RateLimit,
-    Scope,
-    Window,
+from .auth import KeyIndex
+from .budgets import Dimension, Level, LevelKind, Prices, RateLimit, Scope, Window
+from .config_schema import (
+    MAX_EXACT,
+    ROUTE_NAME_PATTERN,
+    BudgetConfig,
+    ConfigFile,
+    EstimatorSettings,
+    GatewaySettings,
+    KeyConfig,
+    LevelConfig,
+    OrgConfig,
+    PriceConfig,
+    RateLimitConfig,
+    RouteConfig,
+    TenantConfig,
+    UpstreamConfig,
+    check_redis_url,
 )
 from .errors import ConfigError
-from .secrets import KeySource, KeySourceKind, resolve_api_key
+from .secrets import KeySource, resolve_api_key
 
-# Lua numbers are doubles: the ledger adds integers exactly only up to 2**53.
-MAX_EXACT = 2**53
-ROUTE_NAME_PATTERN = r"^[A-Za-z0-9_.:/\-]{1,128}$"
-
-Id = Annotated[str, Field(pattern=ID_PATTERN.pattern)]
-RouteName = Annotated[str, Field(pattern=ROUTE_NAME_PATTERN)]
-NonEmpty = Annotated[str, Field(min_length=1)]
-PosInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
-PosFloat = Annotated[float, Field(gt=0)]
-NonNegFloat = Annotated[float, Field(ge=0)]
-
-
-class _Model(BaseModel):
-    # Numbers are accepted where text is expected so that `id: 42` is not an error.
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, allow_inf_nan=False, coerce_numbers_to_str=True
-    )
-
-
-class GatewaySettings(_Model):
-    """The ``gateway:`` section: how this gateway talks to the budget server and streams."""
-
-    redis_url: str | None = None
-    redis_cluster: bool = False
-    reservation_ttl_seconds: PosFloat = 120.0
-    max_body_bytes: PosInt = 1_048_576
-    extend_step_tokens: PosInt = 64
-    extend_when_within: NonNegInt = 32
-    truncate_guard_tokens: NonNegInt = 4
-    upstream_timeout_seconds: PosFloat = 300.0
-    chars_per_token: PosFloat = 4.0
-    log_prompts: bool = False
-
-    @field_validator("redis_url")
-    @classmethod
-    def _redis_url(cls, v: str | None) -> str | None:
-        return None if v is None else _check_redis_url(v)
-
-
-class UpstreamConfig(_Model):
-    name: Id
-    base_url: str
-    api_key_env: NonEmpty | None = None
-    api_key_secret: NonEmpty | None = None
-    api_key_parameter: NonEmpty | None = None
-    timeout_seconds: PosFloat | None = None
-
-    @field_validator("base_url")
-    @classmethod
-    def _base_url(cls, v: str) -> str:
-        scheme, sep, rest = v.partition("://")
-        if not sep or scheme.lower() not in ("http", "https") or not rest.strip("/"):
-            raise ValueError(f"{v!r} is not an http(s) URL like https://api.openai.com/v1")
-        return v.rstrip("/")
-
-    @field_validator("api_key_env")
-    @classmethod
-    def _env_name(cls, v: str | None) -> str | None:
-        # Never echo the value: a key pasted here by mistake must not end up in logs.
-        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
-            raise ValueError("the name of an environment variable, like OPENAI_API_KEY")
-        return v
-
-    @model_validator(mode="after")
-    def _one_key_source(self) -> UpstreamConfig:
-        if len(self.key_sources()) > 1:
-            raise ValueError("set at most one of api_key_env, api_key_secret, api_key_parameter")
-        return self
-
-    def key_sources(self) -> list[KeySource]:
-        found: list[tuple[KeySourceKind, str | None]] = [
-            ("env", self.api_key_env),
-            ("secret", self.api_key_secret),
-            ("parameter", self.api_key_parameter),
-        ]
-        return [KeySource(kind, name) for kind, name in found if name is not None]
-
-
-class EstimatorSettings(_Model):
-    """How much output to reserve up front: ``max_tokens``, a ``fixed`` amount, or a rolling p95."""
-
-    kind: Literal["max_tokens", "fixed", "p95"] = "max_tokens"
-    fixed_tokens: PosInt | None = None
-    min_samples: PosInt = 50
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, data: Any) -> Any:
-        return {"kind": data} if isinstance(data, str) else data  # `estimator: p95`
-
-    @model_validator(mode="after")
-    def _fixed(self) -> EstimatorSettings:
-        if self.kind == "fixed" and self.fixed_tokens is None:
-            raise ValueError("kind 'fixed' needs fixed_tokens")
-        if self.kind != "fixed" and self.fixed_tokens is not None:
-            raise ValueError(f"fixed_tokens is only used with kind 'fixed', not {self.kind!r}")
-        return self
-
-
-class PriceConfig(_Model):
-    input_per_million: NonNegFloat
-    output_per_million: NonNegFloat
-
-
-class RouteConfig(_Model):
-    name: RouteName
-    upstream: Id
-    model: NonEmpty | None = None
-    estimator: EstimatorSettings = EstimatorSettings()
-    policy: Literal["truncate", "allow"] = "truncate"
-    price: PriceConfig | None = None
-    max_output_tokens: PosInt = 4096
-    min_output_reservation: PosInt = 16
-
-    @model_validator(mode="after")
-    def _reservation(self) -> RouteConfig:
-        if self.min_output_reservation > self.max_output_tokens:
-            raise ValueError(
-                f"min_output_reservation ({self.min_output_reservation}) is more than "
-                f"max_output_tokens ({self.max_output_tokens})"
-            )
-        return self
-
-
-class BudgetConfig(_Model):
-    dimension: Dimension
-    limit: Annotated[Decimal, Field(ge=0)]
-    window: str
-
-    @field_validator("limit")
-    @classmethod
-    def _limit(cls, v: Decimal, info: ValidationInfo) -> Decimal:
-        if info.data.get("dimension") == Dimension.COST_USD:
-            if v * NANO_USD_PER_USD > MAX_EXACT:
-                raise ValueError(f"at most {MAX_EXACT // NANO_USD_PER_USD} USD")
-        elif v != v.to_integral_value():
-            raise ValueError(f"a token limit is a whole number, not {v}")
-        elif v > MAX_EXACT:
-            raise ValueError(f"at most {MAX_EXACT} tokens")
-        return v
-
-    @field_validator("window")
-    @classmethod
-    def _window(cls, v: str) -> str:
-        Window.parse(v)  # its ValueError says what is accepted
-        return v.strip().lower()
-
-    def build(self, level: Level) -> Budget:
-        """The budget at ``level``; cost limits go from USD to nano-USD, rounded down."""
-        scale = NANO_USD_PER_USD if self.dimension == Dimension.COST_USD else 1
-        limit = int((self.limit * scale).to_integral_value(ROUND_FLOOR))
-        return Budget(level, self.dimension, limit, Window.parse(self.window))
-
-
-class RateLimitConfig(_Model):
-    # Zero would mean "no limit" to the ledger, so it is refused: omit the field instead.
-    requests_per_minute: PosInt | None = None
-    tokens_per_minute: PosInt | None = None
-
-
-class _Level(_Model):
-    """What an org, a tenant and a key have in common: an id, budgets and rate limits."""
-
-    id: Id
-    budgets: list[BudgetConfig] = []
-    rate_limits: RateLimitConfig | None = None
-
-
-class KeyConfig(_Level):
-    hash: str
-
-    @field_validator("hash")
-    @classmethod
-    def _hash(cls, v: str) -> str:
-        if is_key_hash(v):
-            return v
-        if not v.startswith("sha256:"):
-            raise ValueError("store the key's hash (sha256:...), never the key itself")
-        raise ValueError("expected sha256: and 64 lowercase hex digits (see `hardcap keys new`)")
-
-
-class OrgConfig(_Level):
-    pass
-
-
-class TenantConfig(_Level):
-    org: Id | None = None
-    fail_mode: Literal["closed", "open"] = "closed"
-    routes: list[RouteName] | None = None
-    keys: list[KeyConfig] = []
-
-
-class ConfigFile(_Model):
-    """The whole file, as written (validated, not yet resolved into routes and scopes)."""
-
-    gateway: GatewaySettings = GatewaySettings()
-    upstreams: list[UpstreamConfig] = []
-    routes: list[RouteConfig] = []
-    orgs: list[OrgConfig] = []
-    tenants: list[TenantConfig] = []
+# The schema models are re-exported so that `from hardcap_core.config import ConfigFile` works.
+__all__ = [
+    "MAX_EXACT",
+    "ROUTE_NAME_PATTERN",
+    "BudgetConfig",
+    "Config",
+    "ConfigFile",
+    "EstimatorSettings",
+    "GatewaySettings",
+    "KeyConfig",
+    "OrgConfig",
+    "PriceConfig",
+    "Principal",
+    "RateLimitConfig",
+    "Route",
+    "RouteConfig",
+    "TenantConfig",
+    "Upstream",
+    "UpstreamConfig",
+    "load_config",
+    "parse_config",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,7 +185,7 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
     by_hash: dict[str, Principal] = {}
     tenant_scopes: dict[str, Scope] = {}
     for t in file.tenants:
-        chain: list[tuple[Level, _Level]] = [(Level(LevelKind.TENANT, t.id), t)]
+        chain: list[tuple[Level, LevelConfig]] = [(Level(LevelKind.TENANT, t.id), t)]
         if t.org is not None:
             chain.append((Level(LevelKind.ORG, t.org), orgs[t.org]))
         tenant_scopes[t.id] = _scope(chain)
@@ -378,7 +196,7 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
     return Config(gateway, upstreams, routes, source, file, KeyIndex(by_hash), tenant_scopes)
 
 
-def _scope(chain: Sequence[tuple[Level, _Level]]) -> Scope:
+def _scope(chain: Sequence[tuple[Level, LevelConfig]]) -> Scope:
     budgets = [b.build(level) for level, rules in chain for b in rules.budgets]
     rates = [
         RateLimit(level, r.requests_per_minute, r.tokens_per_minute)
@@ -409,7 +227,7 @@ def _cross_check(file: ConfigFile) -> Iterable[str]:
             yield from _known(f"tenants[{i}].org", t.org, orgs, "org")
         for j, name in enumerate(t.routes or []):
             yield from _known(f"tenants[{i}].routes[{j}]", name, routes, "route")
-    owners: list[tuple[str, _Level]] = [(f"orgs[{i}]", o) for i, o in enumerate(file.orgs)]
+    owners: list[tuple[str, LevelConfig]] = [(f"orgs[{i}]", o) for i, o in enumerate(file.orgs)]
     owners += [(f"tenants[{i}]", t) for i, t in enumerate(file.tenants)]
     owners += keys
     cost_at = None
@@ -508,20 +326,11 @@ def _inner_model(tp: Any) -> type[BaseModel] | None:
     return next((m for a in get_args(tp) if (m := _inner_model(a)) is not None), None)
 
 
-def _check_redis_url(url: str) -> str:
-    # The URL may hold a password, so the message shows only its scheme.
-    scheme, sep, _ = url.partition("://")
-    if not sep or scheme.lower() not in ("redis", "rediss", "unix"):
-        shown = f"scheme {scheme!r}" if sep else "no scheme"
-        raise ValueError(f"{shown}: use redis://, rediss:// (TLS) or unix://")
-    return url
-
-
 def _env_overrides(gateway: GatewaySettings, environ: Mapping[str, str]) -> GatewaySettings:
     update: dict[str, Any] = {}
     if url := environ.get(env.REDIS_URL, "").strip():
         try:
-            update["redis_url"] = _check_redis_url(url)
+            update["redis_url"] = check_redis_url(url)
         except ValueError as exc:
             raise ConfigError(f"{env.REDIS_URL}: {exc}") from None
     if flag := environ.get(env.REDIS_CLUSTER, "").strip().lower():

@@ -181,9 +181,9 @@ class LocalCluster:
                     rows = c.execute_command("CLUSTER SLOTS")
                     slots = sorted((int(r[0]), int(r[1]), int(r[2][1])) for r in rows)
                     views.append((info.get("cluster_state") == "ok", slots))
-            if all(ok for ok, _ in views) and all(v[1] == views[0][1] for v in views):
-                if len(views[0][1]) == len(self.nodes):
-                    return
+            agreed = all(v[1] == views[0][1] for v in views)
+            if all(ok for ok, _ in views) and agreed and len(views[0][1]) == len(self.nodes):
+                return
             time.sleep(0.1)
         raise TimeoutError("cluster did not converge")
 

@@ -498,7 +498,7 @@ def test_loading_without_aws_keys_does_not_import_boto3() -> None:
 def test_docs_describe_every_field() -> None:
     from pydantic import BaseModel
 
-    from hardcap_core import config as module
+    from hardcap_core import config_schema as module
 
     docs = (ROOT / "docs" / "config.md").read_text()
     models = [m for m in vars(module).values() if isinstance(m, type) and issubclass(m, BaseModel)]

@@ -1,0 +1,130 @@
+"""The ``hardcap`` command: serve, mock, demo, keys new.
+
+``hardcap serve -c config.yaml`` runs the gateway under uvicorn (the local stand-in for the
+Lambda function URL); with no Redis URL configured it starts an embedded, real Valkey.
+``hardcap demo`` brings up Valkey, the mock upstream and the gateway together and shows a
+streamed completion and the tenant's usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import env
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "local.yaml"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hardcap", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway (uvicorn)")
+    serve.add_argument("-c", "--config", required=True, help="YAML config file")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+
+    from .mock_upstream import add_mock_arguments
+
+    mock = sub.add_parser("mock", help="run the mock upstream (ground truth at /mock/ground-truth)")
+    add_mock_arguments(mock)
+
+    demo = sub.add_parser("demo", help="Valkey + mock + gateway, a streamed completion and usage")
+    demo.add_argument("-c", "--config", default=str(DEFAULT_CONFIG))
+    demo.add_argument("--port", type=int, default=8080)
+    demo.add_argument("--once", action="store_true", help="exit after showing the demo")
+
+    keys = sub.add_parser("keys", help="manage API keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    new = keys_sub.add_parser("new", help="make a key; prints it once and the line to paste")
+    new.add_argument("--tenant")
+    new.add_argument("--id", dest="key_id")
+
+    ns = parser.parse_args(argv)
+    if ns.command == "serve":
+        return serve_command(ns.config, ns.host, ns.port)
+    if ns.command == "mock":
+        from .mock_upstream import run_mock, settings_from_args
+
+        run_mock(ns.host, ns.port, settings_from_args(ns))
+        return 0
+    if ns.command == "demo":
+        from .demo import run_demo
+
+        return run_demo(ns.config, ns.port, once=ns.once)
+    from .auth import keys_new_command
+
+    print(keys_new_command(ns.tenant, ns.key_id))
+    return 0
+
+
+def embedded_valkey_if_needed(config_path: str) -> Any:
+    """Start a private Valkey when neither the environment nor the config names a server."""
+    from .config import load_config
+
+    if os.environ.get(env.REDIS_URL) or load_config(config_path).gateway.redis_url:
+        return None
+    from .valkey_local import LocalValkey
+
+    server = LocalValkey().start()
+    os.environ[env.REDIS_URL] = server.url
+    print(f"hardcap: no redis_url configured; started an embedded Valkey at {server.url}")
+    return server
+
+
+def serve_command(config_path: str, host: str, port: int) -> int:
+    import uvicorn
+
+    from .app import create_app
+    from .config import load_config
+
+    server = embedded_valkey_if_needed(config_path)
+    try:
+        app = create_app(load_config(config_path))
+        print(f"hardcap: serving {config_path} on http://{host}:{port}/v1")
+        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on")
+    finally:
+        if server:
+            server.stop()
+    return 0
+
+
+class ThreadServer:
+    """A uvicorn server in a background thread (demo, tests, benchmarks)."""
+
+    def __init__(self, app: Any, port: int, host: str = "127.0.0.1") -> None:
+        import uvicorn
+
+        cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(cfg)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = f"http://{host}:{port}"
+
+    def start(self) -> ThreadServer:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"server on {self.url} did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def pretty(data: Any) -> str:
+    return json.dumps(data, indent=2)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
