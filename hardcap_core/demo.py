@@ -38,7 +38,8 @@ def run_demo(config_path: str, port: int, *, once: bool) -> int:
     base = f"{gateway.url}/v1"
     say = print
     say(f"Valkey (embedded, real server)  {valkey.url}")
-    say(f"Mock upstream                   {mock.url}/v1   ground truth: {mock.url}/mock/ground-truth")
+    say(f"Mock upstream                   {mock.url}/v1")
+    say(f"  its ground truth              {mock.url}/mock/ground-truth")
     say(f"Hardcap gateway                 {base}")
     try:
         with httpx.Client(base_url=base, headers={"authorization": f"Bearer {DEMO_KEY}"}) as http:
@@ -53,8 +54,8 @@ def run_demo(config_path: str, port: int, *, once: bool) -> int:
             return 0
         say(
             f"\nServing until Ctrl-C. Try:\n  curl -N {base}/chat/completions "
-            f"-H 'authorization: Bearer {DEMO_KEY}' -d '{{\"model\":\"demo\",\"stream\":true,"
-            f"\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'\n"
+            f'-H \'authorization: Bearer {DEMO_KEY}\' -d \'{{"model":"demo","stream":true,'
+            f'"messages":[{{"role":"user","content":"hi"}}]}}\'\n'
             f"  curl {base}/hardcap/usage -H 'authorization: Bearer {DEMO_KEY}'"
         )
         while True:

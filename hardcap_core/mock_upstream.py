@@ -157,8 +157,12 @@ class _CuttableStreamingResponse(StreamingResponse):
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-            429: "rate_limit_error"}.get(status, "server_error" if status >= 500 else "api_error")
+    kind = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        404: "not_found_error",
+        429: "rate_limit_error",
+    }.get(status, "server_error" if status >= 500 else "api_error")
     return JSONResponse(
         {"error": {"message": message, "type": kind, "param": None, "code": None}},
         status_code=status,
@@ -184,7 +188,9 @@ async def _stream(
 
     def event(delta: dict[str, Any], finish: str | None = None) -> str:
         chunk: dict[str, Any] = {
-            "id": chunk_id, "object": "chat.completion.chunk", "created": created,
+            "id": chunk_id,
+            "object": "chat.completion.chunk",
+            "created": created,
             "model": req.model,
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
         }
@@ -196,8 +202,9 @@ async def _stream(
     if plan.tool_name is None:
         tokens += [{"content": t} for t in plan.content]
     else:
-        tokens += [{"tool_calls": [{"index": 0, "function": {"arguments": t}}]}
-                   for t in plan.content]
+        tokens += [
+            {"tool_calls": [{"index": 0, "function": {"arguments": t}}]} for t in plan.content
+        ]
     started = time.monotonic() + first_token_ms / 1000
     finished = False
     try:
@@ -207,10 +214,18 @@ async def _stream(
             if i == plan.die_after:
                 raise _MockAbort
             if i == len(plan.reasoning) and plan.tool_name is not None:
-                yield event({"tool_calls": [{
-                    "index": 0, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                    "function": {"name": plan.tool_name, "arguments": ""},
-                }]})
+                yield event(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": f"call_{uuid.uuid4().hex[:24]}",
+                                "type": "function",
+                                "function": {"name": plan.tool_name, "arguments": ""},
+                            }
+                        ]
+                    }
+                )
             # Sleep to an absolute schedule so per-sleep overhead does not slow the pace; a
             # zero sleep still yields to the loop, where Starlette notices a disconnect.
             await asyncio.sleep(max(0.0, started + i * plan.pace_ms / 1000 - time.monotonic()))
@@ -220,8 +235,14 @@ async def _stream(
             raise _MockAbort
         yield event({}, plan.finish_reason)
         if include_usage:
-            usage = {"id": chunk_id, "object": "chat.completion.chunk", "created": created,
-                     "model": req.model, "choices": [], "usage": _usage(plan)}
+            usage = {
+                "id": chunk_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": req.model,
+                "choices": [],
+                "usage": _usage(plan),
+            }
             yield f"data: {json.dumps(usage)}\n\n"
         yield "data: [DONE]\n\n"
         finished = True
@@ -248,17 +269,30 @@ async def _complete(
     if plan.tool_name is None:
         message["content"] = "".join(plan.content)
     else:
-        message["tool_calls"] = [{
-            "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": plan.tool_name, "arguments": "".join(plan.content)},
-        }]
-    return JSONResponse({
-        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
-        "created": int(time.time()), "model": req.model,
-        "choices": [{"index": 0, "message": message, "logprobs": None,
-                     "finish_reason": plan.finish_reason}],
-        "usage": _usage(plan),
-    })
+        message["tool_calls"] = [
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": plan.tool_name, "arguments": "".join(plan.content)},
+            }
+        ]
+    return JSONResponse(
+        {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": req.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": plan.finish_reason,
+                }
+            ],
+            "usage": _usage(plan),
+        }
+    )
 
 
 def create_mock_app(settings: MockSettings) -> Starlette:
@@ -276,8 +310,12 @@ def create_mock_app(settings: MockSettings) -> Starlette:
         if any(cap is not None and cap < 1 for cap in (req.max_tokens, req.max_completion_tokens)):
             return _error(400, "max_tokens must be at least 1")
         plan = make_plan(
-            req, rng, median_tokens=settings.median_tokens, sigma=settings.sigma,
-            reasoning_tokens=settings.reasoning_tokens, pace_ms=settings.pace_ms,
+            req,
+            rng,
+            median_tokens=settings.median_tokens,
+            sigma=settings.sigma,
+            reasoning_tokens=settings.reasoning_tokens,
+            pace_ms=settings.pace_ms,
         )
         tenant = truth.tenant(req.tenant())
         tenant.requests += 1
@@ -301,20 +339,23 @@ def create_mock_app(settings: MockSettings) -> Starlette:
         return JSONResponse({"ok": True})
 
     async def models(_: Request) -> Response:
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "hardcap-mock"}
-                for m in MODELS]
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "hardcap-mock"} for m in MODELS
+        ]
         return JSONResponse({"object": "list", "data": data})
 
     async def healthz(_: Request) -> Response:
         return JSONResponse({"ok": True})
 
-    app = Starlette(routes=[
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/mock/ground-truth", ground_truth, methods=["GET"]),
-        Route("/mock/reset", reset, methods=["POST"]),
-        Route("/healthz", healthz, methods=["GET"]),
-    ])
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/mock/ground-truth", ground_truth, methods=["GET"]),
+            Route("/mock/reset", reset, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+        ]
+    )
     app.state.ground_truth = truth
     return app
 
@@ -335,21 +376,38 @@ def add_mock_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = MockSettings()
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9001)
-    parser.add_argument("--pace-ms", type=float, default=defaults.pace_ms,
-                        help="delay between streamed tokens (0: as fast as possible)")
-    parser.add_argument("--median", type=int, default=defaults.median_tokens,
-                        help="median output length in tokens (log-normal)")
-    parser.add_argument("--sigma", type=float, default=defaults.sigma,
-                        help="log-normal sigma of the output length")
+    parser.add_argument(
+        "--pace-ms",
+        type=float,
+        default=defaults.pace_ms,
+        help="delay between streamed tokens (0: as fast as possible)",
+    )
+    parser.add_argument(
+        "--median",
+        type=int,
+        default=defaults.median_tokens,
+        help="median output length in tokens (log-normal)",
+    )
+    parser.add_argument(
+        "--sigma", type=float, default=defaults.sigma, help="log-normal sigma of the output length"
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--reasoning-tokens", type=int, default=defaults.reasoning_tokens,
-                        help="reasoning-phase length for reasoning models (0: log-normal)")
+    parser.add_argument(
+        "--reasoning-tokens",
+        type=int,
+        default=defaults.reasoning_tokens,
+        help="reasoning-phase length for reasoning models (0: log-normal)",
+    )
     parser.add_argument("--first-token-ms", type=float, default=defaults.first_token_ms)
 
 
 def settings_from_args(ns: argparse.Namespace) -> MockSettings:
     """The `MockSettings` given by options added with `add_mock_arguments`."""
     return MockSettings(
-        pace_ms=ns.pace_ms, median_tokens=ns.median, sigma=ns.sigma, seed=ns.seed,
-        reasoning_tokens=ns.reasoning_tokens, first_token_ms=ns.first_token_ms,
+        pace_ms=ns.pace_ms,
+        median_tokens=ns.median,
+        sigma=ns.sigma,
+        seed=ns.seed,
+        reasoning_tokens=ns.reasoning_tokens,
+        first_token_ms=ns.first_token_ms,
     )

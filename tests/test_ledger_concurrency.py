@@ -71,7 +71,7 @@ def _picklable_errors(fn: Any, args: Any) -> Any:
     # Exceptions from redis-py hold locks and cannot cross the process boundary as they are.
     try:
         return asyncio.run(fn(*args))
-    except Exception as e:
+    except Exception:
         raise RuntimeError(f"worker failed: {traceback.format_exc()}") from None
 
 

@@ -6,8 +6,6 @@ import asyncio
 import time
 from typing import Any
 
-import pytest
-
 from hardcap_core.budgets import Dimension, Prices, RateLimit
 from hardcap_core.ledger import (
     Admitted,
@@ -218,7 +216,7 @@ async def test_script_flush_mid_run(ledger: Ledger, client: Any) -> None:
     sc = scope((TENANT, TOT, 1000, "day"))
     a = await admitted(ledger, sc, input_tokens=0, output_estimate=100)
     await client.script_flush()  # on a cluster: every primary
-    assert not any((await client.script_exists(ledger.scripts.extend.sha)))
+    assert not any(await client.script_exists(ledger.scripts.extend.sha))
     assert isinstance(await ledger.extend(a.reservation, 10), Extended)
     await ledger.settle(a.reservation, input_tokens=0, output_tokens=110)
     assert (await ledger.usage(sc)).rows[0].used == 110
