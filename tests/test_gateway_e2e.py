@@ -36,8 +36,20 @@ def gateway(mock: Mock, valkey: LocalValkey, **overrides: Any) -> Any:
     return gateway_thread(config_data(mock.url, valkey.url, **overrides))
 
 
+_clients: list[openai.OpenAI] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _clients:
+        _clients.pop().close()
+
+
 def client(base: str, key: str = KEYS["alpha"]) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base, api_key=key, max_retries=0)
+    """An SDK client, closed after the test (no leaked keep-alive sockets)."""
+    _clients.append(openai.OpenAI(base_url=base, api_key=key, max_retries=0))
+    return _clients[-1]
 
 
 def usage(base: str, key: str = KEYS["alpha"]) -> dict[str, Any]:
@@ -71,7 +83,11 @@ def test_stream_with_and_without_usage(
     with gateway(mock, flushed) as base:
         options = {"include_usage": True} if include_usage else None
         stream = client(base).chat.completions.create(
-            model="small", messages=HI, max_tokens=80, stream=True, user="alpha",
+            model="small",
+            messages=HI,
+            max_tokens=80,
+            stream=True,
+            user="alpha",
             stream_options=options,  # type: ignore[arg-type]
         )
         chunks = list(stream)
@@ -90,9 +106,15 @@ def test_stream_with_and_without_usage(
 
 
 def test_tool_calls_stream_and_non_stream(mock: Mock, flushed: LocalValkey) -> None:
-    tools: Any = [{"type": "function", "function": {
-        "name": "get_weather", "parameters": {"type": "object", "properties": {
-            "city": {"type": "string"}}}}}]
+    tools: Any = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
     with gateway(mock, flushed) as base:
         c = client(base)
@@ -136,7 +158,11 @@ def test_reasoning_stream_truncated_on_a_60_token_output_budget(
     with gateway(mock, flushed, **{"tenants.0.budgets": budget}) as base:
         ask = [{"role": "user", "content": "think hard [mock:tokens=400]"}]
         stream = client(base).chat.completions.create(
-            model="reason", messages=ask, max_tokens=400, stream=True, user="alpha",
+            model="reason",
+            messages=ask,
+            max_tokens=400,
+            stream=True,
+            user="alpha",
             stream_options={"include_usage": True},
         )
         chunks = list(stream)
@@ -194,7 +220,10 @@ def test_allow_policy_lets_the_stream_finish(mock: Mock, flushed: LocalValkey) -
     budget = [{"dimension": "output_tokens", "limit": 60, "window": "day"}]
     with gateway(mock, flushed, **{"tenants.0.budgets": budget}) as base:
         ask = [{"role": "user", "content": "x [mock:tokens=50]"}]
-        chunks = list(client(base).chat.completions.create(
-            model="allow", messages=ask, max_tokens=60, stream=True, user="alpha"))
+        chunks = list(
+            client(base).chat.completions.create(
+                model="allow", messages=ask, max_tokens=60, stream=True, user="alpha"
+            )
+        )
         assert chunks[-1].choices[0].finish_reason == "stop"
         assert mock.truth("alpha")["completion_tokens"] == 50
