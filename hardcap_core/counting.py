@@ -4,7 +4,8 @@ The live count only steers extensions and truncation; settlement uses the provid
 usage when the stream delivers it. The count must never be low: the seed's live bug was a
 reasoning model that ran to 400 tokens on a 60-token budget because only ``content`` was
 counted. So every billed field counts (content, reasoning, reasoning_content, refusal, tool-call
-names and arguments), and each non-empty field of a chunk counts at least one token.
+names and arguments), and each non-empty field of a chunk counts at least one token; see
+:func:`streamed_tokens` for how a delta's length maps to tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +27,21 @@ def text_tokens(text: str, chars_per_token: float) -> int:
     return max(1, math.ceil(len(text) / chars_per_token))
 
 
+def streamed_tokens(text: str, chars_per_token: float) -> int:
+    """Tokens in one streamed delta field.
+
+    OpenAI, vLLM and most OpenAI-compatible servers stream one token per chunk, so a short
+    delta is one token; a long delta (providers that batch several tokens per event) is
+    counted by length. Counting every short delta by length instead would overcount English
+    by about half, charge cut streams for tokens never generated, and waste budget.
+    """
+    if not text:
+        return 0
+    if len(text) <= 2 * chars_per_token:
+        return 1
+    return math.ceil(len(text) / chars_per_token)
+
+
 def delta_tokens(chunk: dict[str, Any], chars_per_token: float) -> int:
     """Billed output tokens carried by one ``chat.completion.chunk``."""
     total = 0
@@ -34,12 +50,12 @@ def delta_tokens(chunk: dict[str, Any], chars_per_token: float) -> int:
         for field in BILLED_TEXT_FIELDS:
             value = delta.get(field)
             if isinstance(value, str):
-                total += text_tokens(value, chars_per_token)
+                total += streamed_tokens(value, chars_per_token)
         for call in delta.get("tool_calls") or ():
             fn = call.get("function") or {}
             for part in (fn.get("name"), fn.get("arguments")):
                 if isinstance(part, str):
-                    total += text_tokens(part, chars_per_token)
+                    total += streamed_tokens(part, chars_per_token)
     return total
 
 

@@ -116,14 +116,15 @@ def gateway_processes(data: dict[str, Any], count: int, tmp: Path) -> Iterator[l
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(data))
     ports = [free_port() for _ in range(count)]
+    logs = [(tmp / f"gateway-{p}.log").open("wb") for p in ports]
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "hardcap_core.cli", "serve", "-c", str(path), "--port", str(p)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             env={**os.environ, "POWERTOOLS_LOG_LEVEL": "WARNING"},
         )
-        for p in ports
+        for p, log in zip(ports, logs, strict=True)
     ]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:
@@ -135,6 +136,8 @@ def gateway_processes(data: dict[str, Any], count: int, tmp: Path) -> Iterator[l
             proc.terminate()
         for proc in procs:
             proc.wait(10)
+        for log in logs:
+            log.close()
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
