@@ -89,7 +89,7 @@ class Route:
     upstream: Upstream
     model: str
     estimator: EstimatorSettings
-    policy: Literal["truncate", "allow"]
+    policy: Literal["truncate", "allow", "count_after"]
     prices: Prices
     max_output_tokens: int
     min_output_reservation: int

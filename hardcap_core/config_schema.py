@@ -127,7 +127,7 @@ class RouteConfig(_Model):
     upstream: Id
     model: NonEmpty | None = None
     estimator: EstimatorSettings = EstimatorSettings()
-    policy: Literal["truncate", "allow"] = "truncate"
+    policy: Literal["truncate", "allow", "count_after"] = "truncate"
     price: PriceConfig | None = None
     max_output_tokens: PosInt = 4096
     min_output_reservation: PosInt = 16

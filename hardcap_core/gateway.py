@@ -197,7 +197,9 @@ class Gateway:
     ) -> Admission:
         truncate = route.policy == "truncate"
         estimator = self.estimators[route.name]
-        if chat.stream:
+        if route.policy == "count_after":
+            estimate = 1  # the baseline: the budget sees nothing of the reply until it ends
+        elif chat.stream:
             estimate = await self._ledger_call(estimator.estimate(route.name, max_tokens))
         else:
             estimate = max_tokens  # a reply that cannot be cut is capped at what is reserved
@@ -218,7 +220,7 @@ class Gateway:
             "route": route.name,
             "prices": route.prices,
         }
-        settings = self.meter_settings if truncate else _allow(self.meter_settings)
+        settings = self.meter_settings if truncate else _allow(self.meter_settings, route.policy)
         if isinstance(result, Refused):
             raise _refusal(result)
         if isinstance(result, Unguarded):
@@ -276,8 +278,9 @@ class Gateway:
             ) from e
 
 
-def _allow(s: MeterSettings) -> MeterSettings:
-    return MeterSettings(s.step, s.within, s.guard, s.heartbeat_s, truncate=False)
+def _allow(s: MeterSettings, policy: str) -> MeterSettings:
+    extend = policy != "count_after"
+    return MeterSettings(s.step, s.within, s.guard, s.heartbeat_s, truncate=False, extend=extend)
 
 
 def _refusal(r: Refused) -> TooManyRequests:

@@ -36,6 +36,7 @@ class MeterSettings:
     guard: int = 4  # tokens a provider may generate after we close
     heartbeat_s: float = 40.0  # refresh a slow stream's reservation this often
     truncate: bool = True  # False: the `allow` policy, never cut
+    extend: bool = True  # False: the `count_after` baseline, which holds nothing while streaming
 
 
 class Meter:
@@ -84,7 +85,11 @@ class Meter:
         if self.reservation is None:
             self.seen = need
             return True
-        while not self.exhausted and self.reserved - need < self.settings.within:
+        while (
+            self.settings.extend
+            and not self.exhausted
+            and self.reserved - need < self.settings.within
+        ):
             want = max(self.settings.step, need + self.settings.within - self.reserved)
             try:
                 result: ExtendResult | None = await self.ledger.extend(self.reservation, want)
@@ -99,7 +104,7 @@ class Meter:
                 self.exhausted = True
                 if isinstance(result, ReservationGone):
                     logger.warning("reservation expired mid-stream", extra={"route": self.route})
-        if time.monotonic() - self._refreshed > self.settings.heartbeat_s:
+        if self.settings.extend and time.monotonic() - self._refreshed > self.settings.heartbeat_s:
             await self.heartbeat()
         if need <= self.ceiling or not self.settings.truncate:
             self.seen = need
