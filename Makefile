@@ -15,7 +15,7 @@ run: $(BIN)/.installed
 	$(BIN)/hardcap demo
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check hardcap_core tests bench functions
+	$(BIN)/ruff check hardcap_core tests bench $(wildcard functions)
 	$(BIN)/ruff format --check hardcap_core
 	$(BIN)/mypy --strict hardcap_core
 
