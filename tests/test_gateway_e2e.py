@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,6 +13,7 @@ import openai
 import pytest
 import redis
 
+from hardcap_core.logs import logger
 from hardcap_core.mock_upstream import MockSettings
 from hardcap_core.valkey_local import LocalValkey
 from tests.stack import KEYS, Mock, config_data, gateway_thread
@@ -227,3 +231,29 @@ def test_allow_policy_lets_the_stream_finish(mock: Mock, flushed: LocalValkey) -
         )
         assert chunks[-1].choices[0].finish_reason == "stop"
         assert mock.truth("alpha")["completion_tokens"] == 50
+
+
+def test_logs_are_structured_and_hold_no_key_or_content(mock: Mock, flushed: LocalValkey) -> None:
+    secret_prompt = "the launch codes are 0000"
+    buffer = io.StringIO()
+    handler = logging.StreamHandler(buffer)
+    handler.setFormatter(logger.registered_formatter)  # the JSON formatter Lambda logs use
+    logger.addHandler(handler)
+    try:
+        with gateway(mock, flushed) as base:
+            done = client(base).chat.completions.create(
+                model="small", messages=[{"role": "user", "content": secret_prompt}], user="alpha"
+            )
+    finally:
+        logger.removeHandler(handler)
+    out = buffer.getvalue()
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    request = [x for x in lines if x.get("message") == "request"]
+    assert request, out
+    assert request[-1]["tenant"] == "alpha"
+    assert request[-1]["key_id"] == "alpha-k"
+    assert request[-1]["status"] == 200
+    assert request[-1]["request_id"]
+    assert KEYS["alpha"] not in out
+    assert secret_prompt not in out
+    assert (done.choices[0].message.content or "")[:20] not in out
