@@ -7,6 +7,7 @@ into OpenAI-shaped responses in one place.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -307,7 +308,7 @@ def _deadline(request: Request) -> float | None:
     except (ValueError, KeyError, TypeError):
         return None
     left = deadline_ms / 1000 - time.time() - DEADLINE_MARGIN_S
-    return time.monotonic() + left
+    return asyncio.get_running_loop().time() + left
 
 
 def _now_ms() -> int:

@@ -9,6 +9,7 @@ response ends, the environment may freeze.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -42,7 +43,8 @@ class StreamRelay:
         self.public_model = public_model
         self.include_usage = include_usage
         self.chars_per_token = chars_per_token
-        self.deadline = deadline  # time.monotonic() by which the stream must have ended
+        # Event-loop time (monotonic) by which the stream must have ended and been settled.
+        self.deadline = deadline
         self.outcome = "open"  # completed | truncated | deadline | client_gone | upstream_error
         self._usage: dict[str, Any] | None = None
         self._last: dict[str, Any] = {}
@@ -72,7 +74,7 @@ class StreamRelay:
         async with self._opened as response:
             self._response = response
             parser = sse.SSEParser()
-            async for piece in response.aiter_raw():
+            async for piece in self._pieces(response):
                 for data in parser.feed(piece):
                     out = await self._on_event(data)
                     if self._stop:
@@ -85,9 +87,27 @@ class StreamRelay:
                 out = await self._on_event(data)
                 if out and not self._stop:
                     yield out
-        # The provider closed without [DONE]: settle what we saw.
+        # The provider closed without [DONE], or the deadline came: settle what we saw.
         async for tail in self._finish():
             yield tail
+
+    async def _pieces(self, response: httpx.Response) -> AsyncIterator[bytes]:
+        """The provider's bytes, until they end or the Lambda deadline comes (then stop)."""
+        pieces = response.aiter_raw()
+        while True:
+            try:
+                if self.deadline is None:
+                    piece = await anext(pieces)
+                else:
+                    async with asyncio.timeout_at(self.deadline):
+                        piece = await anext(pieces)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                self.outcome = "deadline"
+                self._stop = True
+                return
+            yield piece
 
     async def _on_event(self, data: str) -> bytes | None:
         if data == sse.DONE:
@@ -110,7 +130,7 @@ class StreamRelay:
         if not chunk.get("choices"):
             # A usage-only chunk: held back until the stream is settled.
             return None
-        if self.deadline is not None and time.monotonic() > self.deadline:
+        if self.deadline is not None and asyncio.get_running_loop().time() > self.deadline:
             self.outcome = "deadline"
             self._stop = True
             return None

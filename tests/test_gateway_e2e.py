@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -257,3 +258,34 @@ def test_logs_are_structured_and_hold_no_key_or_content(mock: Mock, flushed: Loc
     assert KEYS["alpha"] not in out
     assert secret_prompt not in out
     assert (done.choices[0].message.content or "")[:20] not in out
+
+
+def test_stream_ends_and_settles_before_the_lambda_deadline(
+    mock: Mock, flushed: LocalValkey
+) -> None:
+    """The Lambda Web Adapter passes the invocation deadline in x-amzn-lambda-context."""
+    with gateway(mock, flushed) as base:
+        # 3.8 s left and a 3 s safety margin: about 0.8 s of streaming on a 10 s reply.
+        deadline_ms = int((time.time() + 3.8) * 1000)
+        context = json.dumps({"request_id": "r-1", "deadline": deadline_ms})
+        ask = [{"role": "user", "content": "x [mock:tokens=200] [mock:pace_ms=50]"}]
+        started = time.monotonic()
+        chunks = list(
+            client(base).chat.completions.create(
+                model="small",
+                messages=ask,
+                max_tokens=300,
+                stream=True,
+                user="alpha",
+                extra_headers={"x-amzn-lambda-context": context},
+            )
+        )
+        took = time.monotonic() - started
+        assert chunks[-1].choices[0].finish_reason == "length"
+        assert 0.5 < took < 2.5
+        truth = mock.truth("alpha")
+        assert truth["aborted"] == 1
+        assert truth["completion_tokens"] < 60
+        row = usage(base)[("tenant", "total_tokens")]
+        assert row["reserved"] == 0
+        assert row["used"] >= truth["total_tokens"]
