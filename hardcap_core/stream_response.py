@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from .errors import GatewayError
+from .logs import logger
 from .relay import StreamRelay, translate_stream_error
 
 
@@ -65,3 +66,14 @@ class RelayResponse(Response):
         finally:
             with anyio.CancelScope(shield=True):
                 await relay.close(client_gone=client_gone)
+            meter = relay.meter
+            logger.info(
+                "stream ended",
+                extra={
+                    "route": meter.route,
+                    "request_id": self.headers.get("x-request-id"),
+                    "outcome": relay.outcome,
+                    "input_tokens": meter.charged_input,
+                    "output_tokens": meter.charged_output,
+                },
+            )
