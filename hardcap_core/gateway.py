@@ -100,6 +100,8 @@ class Gateway:
         prompt = input_tokens(chat.body, self.config.gateway.chars_per_token)
         admission = await self._admit(principal, route, chat, prompt, max_tokens)
         meter = admission.meter
+        if self.config.gateway.log_prompts:  # opt-in only: prompts may hold personal data
+            logger.info("prompt", extra={"route": route.name, "messages": chat.body["messages"]})
         body = dict(chat.body, model=route.model)
         body.pop("max_tokens", None)
         body.pop("max_completion_tokens", None)
@@ -115,6 +117,7 @@ class Gateway:
             include_usage=chat.include_usage,
             chars_per_token=self.config.gateway.chars_per_token,
             deadline=_deadline(request),
+            log_completion=self.config.gateway.log_prompts,
         )
         try:
             await relay.open()
@@ -266,6 +269,8 @@ class Gateway:
             truncated=False,
         )
         data["model"] = route.name
+        if self.config.gateway.log_prompts:
+            logger.info("completion", extra={"route": route.name, "choices": data.get("choices")})
         if meter.final_budgets:
             headers = {**headers, **budget_headers(meter.final_budgets, (), _now_ms())}
         return Response(json.dumps(data), media_type="application/json", headers=headers)

@@ -37,6 +37,7 @@ class StreamRelay:
         include_usage: bool,
         chars_per_token: float,
         deadline: float | None = None,
+        log_completion: bool = False,
     ) -> None:
         self._opened = opened
         self.meter = meter
@@ -51,6 +52,7 @@ class StreamRelay:
         self._gen: AsyncIterator[bytes] | None = None
         self._response: httpx.Response | None = None
         self._head = b""
+        self._text: list[str] | None = [] if log_completion else None
         self._stop = False
 
     async def open(self) -> None:
@@ -141,6 +143,9 @@ class StreamRelay:
             return None
         chunk["model"] = self.public_model
         self._last = chunk
+        if self._text is not None:
+            for choice in chunk["choices"]:
+                self._text.append((choice.get("delta") or {}).get("content") or "")
         return sse.encode(chunk)
 
     async def _finish(self) -> AsyncIterator[bytes]:
@@ -164,6 +169,8 @@ class StreamRelay:
                 output_tokens=_int(usage.get("completion_tokens")) or self.meter.seen,
                 truncated=False,
             )
+        if self._text is not None:
+            logger.info("completion", extra={"content": "".join(self._text)})
         if self.include_usage:
             yield sse.encode(self._usage_chunk())
         yield sse.encode(sse.DONE)

@@ -289,3 +289,29 @@ def test_stream_ends_and_settles_before_the_lambda_deadline(
         row = usage(base)[("tenant", "total_tokens")]
         assert row["reserved"] == 0
         assert row["used"] >= truth["total_tokens"]
+
+
+def test_prompts_are_logged_only_when_opted_in(mock: Mock, flushed: LocalValkey) -> None:
+    buffer = io.StringIO()
+    handler = logging.StreamHandler(buffer)
+    handler.setFormatter(logger.registered_formatter)
+    logger.addHandler(handler)
+    try:
+        with gateway(mock, flushed, **{"gateway.log_prompts": True}) as base:
+            c = client(base)
+            c.chat.completions.create(
+                model="small", messages=[{"role": "user", "content": "opt-in prompt"}]
+            )
+            list(
+                c.chat.completions.create(
+                    model="small",
+                    stream=True,
+                    messages=[{"role": "user", "content": "streamed opt-in prompt"}],
+                )
+            )
+    finally:
+        logger.removeHandler(handler)
+    out = buffer.getvalue()
+    assert out.count("completion") >= 2
+    assert "opt-in prompt" in out
+    assert "streamed opt-in prompt" in out
