@@ -24,7 +24,7 @@ from .config import Config, Principal, Route
 from .counting import input_tokens, message_output_tokens
 from .errors import (
     AuthenticationFailed,
-    GatewayError,
+    InvalidRequest,
     LedgerUnavailable,
     NotFound,
     PayloadTooLarge,
@@ -91,10 +91,10 @@ class Gateway:
         route = self._route(chat.model, principal)
         limit = route.max_output_tokens
         if chat.max_tokens is not None and chat.max_tokens > limit:
-            raise _invalid(
+            raise InvalidRequest(
                 f"'{chat.max_tokens_field}' is {chat.max_tokens}; the most this model allows "
                 f"here is {limit}.",
-                chat.max_tokens_field,
+                param=chat.max_tokens_field,
             )
         max_tokens = chat.max_tokens or limit
         prompt = input_tokens(chat.body, self.config.gateway.chars_per_token)
@@ -295,12 +295,6 @@ def _refusal(r: Refused) -> TooManyRequests:
     headers["retry-after"] = str(1 if r.reason is Refusal.BUSY else retry_s)
     headers["retry-after-ms"] = str(r.retry_after_ms)
     return TooManyRequests(r.message, code=r.reason.value, headers=headers)
-
-
-def _invalid(message: str, param: str) -> GatewayError:
-    from .errors import InvalidRequest
-
-    return InvalidRequest(message, param=param)
 
 
 def _deadline(request: Request) -> float | None:
