@@ -20,6 +20,13 @@ from typing import Any
 
 from . import env
 
+# Keep idle client connections longer than clients' pools do (uvicorn's default is 5 s): a
+# client that reuses a connection the server just closed sees a bare read error.
+UVICORN_OPTIONS: dict[str, Any] = {
+    "log_level": "warning",
+    "lifespan": "on",
+    "timeout_keep_alive": 75,
+}
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "local.yaml"
 
 
@@ -90,7 +97,7 @@ def serve_command(config_path: str, host: str, port: int) -> int:
     try:
         app = create_app(load_config(config_path))
         print(f"hardcap: serving {config_path} on http://{host}:{port}/v1")
-        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on")
+        uvicorn.run(app, **UVICORN_OPTIONS, host=host, port=port)
     finally:
         if server:
             server.stop()
@@ -103,7 +110,7 @@ class ThreadServer:
     def __init__(self, app: Any, port: int, host: str = "127.0.0.1") -> None:
         import uvicorn
 
-        cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+        cfg = uvicorn.Config(app, **UVICORN_OPTIONS, host=host, port=port)
         self.server = uvicorn.Server(cfg)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://{host}:{port}"

@@ -1,15 +1,17 @@
 """A request's live hold on budget: grow it while output flows, decide when to stop, settle once.
 
 The relay asks :meth:`Meter.make_room` before forwarding each chunk. Near the end of the
-reservation the meter extends it; when the budget refuses, truncate mode stops ``guard`` tokens
-short of the reservation, because a provider keeps generating for a moment after the gateway
-closes the connection (tokens in flight and in buffers), and the provider bills those too.
-A cut stream is charged for ``seen + guard`` (at most the reservation): the ledger errs high,
-never low.
+reservation the meter extends it; when the budget refuses, truncate mode stops short of the
+reservation by a guard, because a provider keeps generating after the gateway stops reading:
+tokens in flight and in buffers, which the provider bills too. The guard is the configured
+minimum plus the gateway's recent read lag (how many events arrived per network read: a busy
+instance reads behind the provider). A cut stream is charged for ``seen + guard`` (at most the
+reservation): the ledger errs high, never low.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import time
 import uuid
@@ -28,12 +30,14 @@ from .ledger import (
 )
 from .logs import logger
 
+LAG_WINDOW = 32  # network reads over which the read lag is remembered
+
 
 @dataclass(frozen=True, slots=True)
 class MeterSettings:
     step: int = 64  # ask for this many more output tokens ...
     within: int = 32  # ... when within this many of the reservation
-    guard: int = 4  # tokens a provider may generate after we close
+    guard: int = 4  # least tokens a provider may generate after we close
     heartbeat_s: float = 40.0  # refresh a slow stream's reservation this often
     truncate: bool = True  # False: the `allow` policy, never cut
     extend: bool = True  # False: the `count_after` baseline, which holds nothing while streaming
@@ -71,13 +75,24 @@ class Meter:
         self.charged_output = 0
         self.charged_input = 0
         self._refreshed = time.monotonic()
+        self._batches: collections.deque[int] = collections.deque(maxlen=LAG_WINDOW)
+
+    def note_read(self, events: int) -> None:
+        """The relay read ``events`` events in one network read (more than one: it lags)."""
+        self._batches.append(events)
+
+    @property
+    def guard(self) -> int:
+        """Tokens the provider may generate after we stop reading."""
+        lag = max(self._batches, default=1) - 1
+        return self.settings.guard + max(lag, 0)
 
     @property
     def ceiling(self) -> int:
         """Most output tokens that may be forwarded now."""
         if not self.exhausted:
             return self.reserved
-        return max(self.reserved - self.settings.guard, 0)
+        return max(self.reserved - self.guard, 0)
 
     async def make_room(self, tokens: int) -> bool:
         """Account ``tokens`` more output; False if truncate mode must stop before them."""
@@ -126,7 +141,7 @@ class Meter:
 
     def cut_charge(self) -> int:
         """Output to charge for a stream that was cut (truncated, client gone, deadline)."""
-        charge = self.seen + self.settings.guard
+        charge = self.seen + self.guard
         return min(charge, self.reserved) if self.reservation else charge
 
     async def settle(

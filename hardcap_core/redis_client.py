@@ -9,6 +9,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -22,6 +24,7 @@ CONNECT_TIMEOUT_S = 2.0
 # redis-py's async cluster client refuses (MaxConnectionsError) rather than waits beyond this
 # many connections per node; a gateway process under load can have this many calls in flight.
 CLUSTER_MAX_CONNECTIONS = 4096
+RETRIES = 2
 
 
 async def connect(url: str, *, cluster: bool = False) -> Any:
@@ -34,6 +37,15 @@ async def connect(url: str, *, cluster: bool = False) -> Any:
         "socket_timeout": SOCKET_TIMEOUT_S,
         "socket_connect_timeout": CONNECT_TIMEOUT_S,
         "health_check_interval": 30,
+        # A pooled connection the server closed (restart, failover, idle timeout) fails once;
+        # retrying is safe because every script is idempotent or errs toward holding more:
+        # admit and settle by reservation id, extend only over-reserves, usage only reads.
+        # Timeouts are not retried: a hung server should meet the tenant's fail mode quickly.
+        "retry": Retry(
+            ExponentialBackoff(cap=0.25, base=0.02),
+            RETRIES,
+            supported_errors=(RedisConnectionError,),
+        ),
     }
     if not cluster:
         return aioredis.Redis.from_url(url, **common)

@@ -77,7 +77,9 @@ class StreamRelay:
             self._response = response
             parser = sse.SSEParser()
             async for piece in self._pieces(response):
-                for data in parser.feed(piece):
+                events = list(parser.feed(piece))
+                self.meter.note_read(len(events))
+                for data in events:
                     out = await self._on_event(data)
                     if self._stop:
                         async for tail in self._finish():

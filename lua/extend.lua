@@ -21,6 +21,7 @@
 -- <budget state> = n, then n pairs (remaining, reset_ms) in the order of ARGV b
 
 local rid, want, least, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+least = math.max(math.min(least, want), 1)  -- never ask for more than is wanted
 local spec = cjson.decode(ARGV[5])
 local now = now_ms()
 if not windows_current(spec.w, now) then return {'clock', now} end
@@ -40,7 +41,7 @@ for i, b in ipairs(spec.b) do
   end
 end
 
-if want > 0 and grant < math.max(least, 1) then
+if want > 0 and grant < least then
   local reply = {'no', now, spec.b[tight][1]}
   return append_budget_state(reply, spec.b, spec.w, used, reserved, now)
 end

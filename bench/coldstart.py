@@ -1,0 +1,493 @@
+"""Cold start of the gateway's two Lambda entry points, measured locally.
+
+For each entry, each run starts a new process and times it to its first served response:
+
+* ``uvicorn`` — ``functions/gateway/run.sh``, as the Lambda Web Adapter starts it: readiness
+  (GET /healthz answering, polled every 10 ms like the adapter) and then a first chat completion.
+* ``mangum`` — a process that imports ``buffered`` (the handler module, as Lambda's init phase
+  does) and invokes ``handler`` with ``events/function-url-chat.json``.
+
+The first request includes what the app builds lazily: the budget server connection, the Lua
+scripts, the upstream HTTP client. A budget server (LocalValkey) and the mock upstream run in
+this process. One extra run per entry with ``PYTHONPROFILEIMPORTTIME=1`` (``python -X
+importtime``) attributes import time to top-level packages.
+
+Targets: the source tree with this interpreter (default), and with ``--artifact DIR --python
+PY`` a built artifact (``LAMBDA_ARCH=x86_64 sam build`` on an x86_64 machine) under CPython 3.13
+with /var/task's read-only bytecode rule (PYTHONDONTWRITEBYTECODE), both with the bytecode the
+build shipped and with none. The page cache is warm: Lambda also reads code from a local disk.
+
+    python bench/coldstart.py --runs 10
+    python bench/coldstart.py --artifact .aws-sam/build/GatewayFunction \\
+        --python ~/.pyenv/versions/3.13.0/bin/python3.13 --plot bench/results/coldstart.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+import yaml
+
+from hardcap_core.cli import ThreadServer
+from hardcap_core.mock_upstream import MockSettings, create_mock_app
+from hardcap_core.valkey_local import LocalValkey, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+GATEWAY = ROOT / "functions" / "gateway"
+CHAT_EVENT = ROOT / "events" / "function-url-chat.json"
+PACKAGES = (
+    "pydantic",
+    "pydantic-core",
+    "starlette",
+    "uvicorn",
+    "httpx",
+    "redis",
+    "hiredis",
+    "pyyaml",
+    "aws-lambda-powertools",
+    "mangum",
+    "anyio",
+    "h11",
+)
+
+# The Mangum entry's child process: init (import the handler module), then one invocation.
+MANGUM_CHILD = """
+import json, sys, time
+t0 = time.perf_counter()
+import buffered
+t1 = time.perf_counter()
+class Context:
+    aws_request_id = "bench"
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:bench"
+    def get_remaining_time_in_millis(self):
+        return 300000
+event = json.load(open(sys.argv[1]))
+response = buffered.handler(event, Context())
+t2 = time.perf_counter()
+print(json.dumps({"import_ms": (t1 - t0) * 1e3, "invoke_ms": (t2 - t1) * 1e3,
+                  "status": response["statusCode"]}), flush=True)
+"""
+
+
+@dataclass
+class Target:
+    """What runs: an interpreter, the code's location, and environment tweaks."""
+
+    name: str
+    python: str
+    task_root: Path  # run.sh's LAMBDA_TASK_ROOT; the Mangum child's working directory
+    env: dict[str, str] = field(default_factory=dict)
+
+    def environ(self, base: dict[str, str]) -> dict[str, str]:
+        path = f"{Path(self.python).parent}{os.pathsep}{os.environ['PATH']}"
+        return {
+            **os.environ,
+            **base,
+            **self.env,
+            "PATH": path,
+            "LAMBDA_TASK_ROOT": str(self.task_root),
+        }
+
+
+@dataclass
+class Stack:
+    """The budget server, the mock upstream, and the config pointing at them."""
+
+    valkey: LocalValkey
+    mock: ThreadServer
+    config: Path
+
+    def env(self) -> dict[str, str]:
+        return {
+            "HARDCAP_CONFIG": str(self.config),
+            "HARDCAP_REDIS_URL": self.valkey.url,
+            "HARDCAP_REDIS_CLUSTER": "false",
+            "POWERTOOLS_LOG_LEVEL": "WARNING",
+        }
+
+    def flush(self) -> None:
+        # Data only: the server keeps its script cache, as a shared cache would for a new
+        # execution environment.
+        with redis.Redis.from_url(self.valkey.url) as r:
+            r.flushall()
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000, 2)
+
+
+def run_uvicorn(target: Target, stack: Stack, *, profile: bool = False) -> dict[str, Any]:
+    """One cold start of run.sh: ready (healthz answers), then the first completion."""
+    event = json.loads(CHAT_EVENT.read_text())
+    port = free_port()
+    env = target.environ({**stack.env(), "AWS_LWA_PORT": str(port)})
+    if profile:
+        env["PYTHONPROFILEIMPORTTIME"] = "1"
+    url = f"http://127.0.0.1:{port}"
+    # stderr to a file, not a pipe: import-time output must never block the measured process.
+    with tempfile.TemporaryFile() as errors:
+        started = time.perf_counter()
+        proc = subprocess.Popen(
+            [str(GATEWAY / "run.sh")],
+            env=env,
+            cwd=target.task_root,
+            stdout=subprocess.DEVNULL,
+            stderr=errors,
+        )
+        try:
+            ready, done = _first_response(proc, url, event)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+            errors.seek(0)
+            err = errors.read().decode(errors="replace")
+    sample: dict[str, Any] = {
+        "ready_ms": ms(ready - started),
+        "first_request_ms": ms(done - ready),
+        "first_response_ms": ms(done - started),
+    }
+    if profile:
+        sample["importtime"] = err
+    return sample
+
+
+def _first_response(
+    proc: subprocess.Popen[bytes], url: str, event: dict[str, Any]
+) -> tuple[float, float]:
+    """(when /healthz first answered, when the first completion was read), perf_counter."""
+    with httpx.Client(timeout=30) as client:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"run.sh exited with {proc.returncode}")
+            try:
+                if client.get(f"{url}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.01)  # the Lambda Web Adapter polls every 10 ms
+        ready = time.perf_counter()
+        response = client.post(
+            f"{url}{event['rawPath']}",
+            content=event["body"],
+            headers={k: v for k, v in event["headers"].items() if k != "host"},
+        )
+        done = time.perf_counter()
+    if response.status_code != 200:
+        raise RuntimeError(f"first request: {response.status_code} {response.text}")
+    return ready, done
+
+
+def run_mangum(target: Target, stack: Stack, *, profile: bool = False) -> dict[str, Any]:
+    """One cold start of the buffered handler: init, then the first invocation."""
+    handler_dir = target.task_root if (target.task_root / "buffered.py").is_file() else GATEWAY
+    env = target.environ(stack.env())
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(handler_dir), env.get("PYTHONPATH")) if p)
+    if profile:
+        env["PYTHONPROFILEIMPORTTIME"] = "1"
+    with tempfile.TemporaryFile() as errors:
+        started = time.perf_counter()
+        proc = subprocess.Popen(
+            [target.python, "-c", MANGUM_CHILD, str(CHAT_EVENT)],
+            env=env,
+            cwd=handler_dir,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
+        assert proc.stdout is not None
+        # The child prints as soon as its invocation returns; its exit is not part of the start.
+        line = proc.stdout.readline()
+        done = time.perf_counter()
+        proc.communicate(timeout=120)
+        errors.seek(0)
+        err = errors.read().decode(errors="replace")
+    if proc.returncode != 0 or not line:
+        raise RuntimeError(f"mangum child failed:\n{err[-3000:]}")
+    child = json.loads(line)
+    if child["status"] != 200:
+        raise RuntimeError(f"first invocation answered {child['status']}")
+    sample: dict[str, Any] = {
+        "init_ms": round(child["import_ms"], 2),
+        "first_invoke_ms": round(child["invoke_ms"], 2),
+        "first_response_ms": ms(done - started),
+    }
+    if profile:
+        sample["importtime"] = err
+    return sample
+
+
+def import_breakdown(stderr: str, top: int = 15) -> dict[str, Any]:
+    """``-X importtime`` output summed per top-level package (self time, so nothing counts
+    twice), largest first."""
+    per_package: dict[str, int] = {}
+    total = 0
+    for line in stderr.splitlines():
+        m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)", line)
+        if not m:
+            continue
+        self_us, name = int(m.group(1)), m.group(4)
+        root = name.split(".")[0]
+        per_package[root] = per_package.get(root, 0) + self_us
+        total += self_us
+    ranked = sorted(per_package.items(), key=lambda kv: -kv[1])
+    return {
+        "total_ms": ms(total / 1e6),
+        "modules": len(per_package),
+        "by_package_ms": {k: ms(v / 1e6) for k, v in ranked[:top]},
+    }
+
+
+def summarize(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    keys = [k for k, v in samples[0].items() if isinstance(v, float)]
+    out = {}
+    for k in keys:
+        values = sorted(s[k] for s in samples)
+        p90 = values[min(len(values) - 1, round(0.9 * (len(values) - 1)))]
+        out[k] = {
+            "median": round(statistics.median(values), 2),
+            "p90": p90,
+            "min": values[0],
+            "max": values[-1],
+        }
+    return out
+
+
+def progress(total: int) -> Any:
+    """tqdm when installed, else a one-line bar."""
+    try:
+        from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
+
+        return tqdm(total=total, unit="run", desc="cold starts")
+    except ImportError:
+        return _SimpleBar(total)
+
+
+class _SimpleBar:
+    def __init__(self, total: int) -> None:
+        self.total, self.done = total, 0
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        filled = int(30 * self.done / self.total)
+        sys.stderr.write(
+            f"\rcold starts [{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}"
+        )
+        sys.stderr.flush()
+
+    def set_postfix_str(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+
+
+def interpreter_info(target: Target) -> dict[str, Any]:
+    """Python version and package versions as the target's interpreter sees them."""
+    code = (
+        "import json, sys, importlib.metadata as m\n"
+        f"names = {list(PACKAGES)!r}\n"
+        "def v(n):\n"
+        "    try: return m.version(n)\n"
+        "    except m.PackageNotFoundError: return None\n"
+        "print(json.dumps({'python': sys.version, 'implementation': sys.implementation.name,"
+        " 'packages': {n: v(n) for n in names}}))"
+    )
+    env = target.environ({})
+    env["PYTHONPATH"] = os.pathsep.join(
+        p
+        for p in (str(target.task_root), env.get("PYTHONPATH"))
+        if p and target.name.startswith("artifact")
+    )
+    out = subprocess.run(
+        [target.python, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    info: dict[str, Any] = json.loads(out.stdout)
+    return info
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu_model": cpu,
+        "cores": os.cpu_count(),
+        "machine": platform.machine(),
+        "system": platform.platform(),
+        "bench_python": sys.version,
+    }
+
+
+@contextmanager
+def local_stack() -> Iterator[Stack]:
+    """Valkey and the mock upstream on loopback, and the demo config rewired to them."""
+    with LocalValkey() as valkey, tempfile.TemporaryDirectory(prefix="coldstart-") as tmp:
+        mock = ThreadServer(create_mock_app(MockSettings(pace_ms=0.0, seed=1)), free_port())
+        mock.start()
+        try:
+            config = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
+            config["upstreams"][0]["base_url"] = f"{mock.url}/v1"
+            path = Path(tmp) / "config.yaml"
+            path.write_text(yaml.safe_dump(config))
+            yield Stack(valkey, mock, path)
+        finally:
+            mock.stop()
+
+
+def targets(args: argparse.Namespace, scratch: Path) -> list[Target]:
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    # The repository's hardcap_core, whether or not this environment has it installed.
+    found = [Target(f"tree-py{version}", sys.executable, GATEWAY, {"PYTHONPATH": str(ROOT)})]
+    if args.artifact:
+        artifact = Path(args.artifact).resolve()
+        python = args.python or "python3.13"
+        # /var/task is read-only: only bytecode shipped in the artifact can be used.
+        readonly = {"PYTHONDONTWRITEBYTECODE": "1"}
+        found.append(Target("artifact-py3.13", python, artifact, readonly))
+        # Bytecode looked for under an empty prefix: as if the build had shipped none.
+        empty = scratch / "no-pycache"
+        empty.mkdir()
+        found.append(
+            Target(
+                "artifact-py3.13-no-bytecode",
+                python,
+                artifact,
+                {**readonly, "PYTHONPYCACHEPREFIX": str(empty)},
+            )
+        )
+    return found
+
+
+ENTRIES: dict[str, Callable[..., dict[str, Any]]] = {"uvicorn": run_uvicorn, "mangum": run_mangum}
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    with local_stack() as stack, tempfile.TemporaryDirectory() as scratch:
+        chosen = targets(args, Path(scratch))
+        bar = progress(len(chosen) * len(ENTRIES) * (args.runs + 1))
+        try:
+            for target in chosen:
+                entry_results: dict[str, Any] = {}
+                for entry, run in ENTRIES.items():
+                    bar.set_postfix_str(f"{target.name} {entry}")
+                    samples = []
+                    for _ in range(args.runs):
+                        stack.flush()
+                        samples.append(run(target, stack))
+                        bar.update(1)
+                    stack.flush()
+                    profiled = run(target, stack, profile=True)
+                    bar.update(1)
+                    entry_results[entry] = {
+                        "summary": summarize(samples),
+                        "samples": samples,
+                        "imports": import_breakdown(profiled.pop("importtime")),
+                    }
+                results[target.name] = {
+                    "python": target.python,
+                    "task_root": str(target.task_root),
+                    "env": target.env,
+                    "interpreter": interpreter_info(target),
+                    "entries": entry_results,
+                }
+        finally:
+            bar.close()
+    return results
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    """Median time to first response per target and entry, split into start and first call."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, starts, firsts = [], [], []
+    for name, target in data["targets"].items():
+        for entry, result in target["entries"].items():
+            s = result["summary"]
+            start = s["ready_ms" if entry == "uvicorn" else "init_ms"]["median"]
+            labels.append(f"{name}\n{entry}")
+            starts.append(start)
+            firsts.append(s["first_response_ms"]["median"] - start)
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(labels) + 1.5))
+    ax.barh(labels, starts, label="start (ready / init)")
+    ax.barh(labels, firsts, left=starts, label="first request")
+    ax.set_xlabel("ms, median")
+    ax.set_title(f"Cold start to first response ({data['machine']['cpu_model']})")
+    ax.invert_yaxis()
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--runs", type=int, default=10, help="cold starts per entry and target")
+    parser.add_argument("--artifact", help="a built artifact folder to measure as well")
+    parser.add_argument("--python", help="CPython 3.13 for the artifact (default python3.13)")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "coldstart.json"))
+    parser.add_argument("--plot", help="also draw the medians into this PNG (matplotlib)")
+    return parser.parse_args(None if argv is None else list(argv))
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    args = parse_args(argv)
+    data: dict[str, Any] = {
+        "bench": "coldstart",
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": shlex.join(["python", "bench/coldstart.py", *sys.argv[1:]]),
+        "parameters": {
+            "runs": args.runs,
+            "artifact": args.artifact,
+            "python": args.python,
+            "event": CHAT_EVENT.relative_to(ROOT).as_posix(),
+        },
+        "machine": machine_info(),
+    }
+    # Other work on the machine slows every number: keep the load next to them.
+    data["load_average_before"] = list(os.getloadavg())
+    data["targets"] = measure(args)
+    data["load_average_after"] = list(os.getloadavg())
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    for name, target in data["targets"].items():
+        for entry, result in target["entries"].items():
+            first = result["summary"]["first_response_ms"]
+            print(
+                f"{name:30} {entry:8} first response: median {first['median']:8.1f} ms, "
+                f"p90 {first['p90']:8.1f} ms; imports {result['imports']['total_ms']} ms"
+            )
+    print(f"wrote {out}")
+    if args.plot:
+        plot(data, Path(args.plot))
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
