@@ -21,6 +21,10 @@ class LedgerUnavailable(HardcapError):
     """The budget server (Valkey/Redis) could not be reached or did not answer in time."""
 
 
+class ReservationReused(HardcapError):
+    """An admission named a reservation id that was settled already; ids are single-use."""
+
+
 class LedgerProtocolError(HardcapError):
     """A script answered something the client does not understand (a version mismatch)."""
 

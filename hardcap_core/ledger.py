@@ -1,7 +1,9 @@
 """The budget ledger: admit -> extend -> settle, each one atomic Lua script on Valkey/Redis.
 
 The invariant ``used + reserved <= limit`` holds after every admit and every extend, for every
-budget a request touches, because the server runs one script at a time. This module turns
+budget a request touches, because the server runs one script at a time. (Settle may push used
+past a limit: it charges what was really billed. Admit then refuses, and extend never adds to a
+budget beyond its limit.) This module turns
 scopes into keys and arguments, calls the scripts, and turns replies into typed results;
 callers never see a raw reply. Connection failures become :class:`LedgerUnavailable` here and
 nowhere else.
@@ -25,7 +27,7 @@ from redis.exceptions import RedisClusterException, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .budgets import LEVEL_BY_SHORT, Budget, Level, Prices, RateLimit, Scope
-from .errors import LedgerProtocolError, LedgerUnavailable
+from .errors import LedgerProtocolError, LedgerUnavailable, ReservationReused
 from .scripts import Scripts
 
 DEFAULT_RESERVATION_TTL_S = 120.0
@@ -134,7 +136,7 @@ class ReservationGone:
 @dataclass(frozen=True, slots=True)
 class Settled:
     duplicate: bool  # this id was settled before; nothing was charged this time
-    had_reservation: bool  # False if it had expired first (usage is still charged)
+    had_reservation: bool  # False if it expired and was reclaimed first (usage still charged)
     budgets: tuple[BudgetState, ...]
     server_time_ms: int
 
@@ -248,7 +250,8 @@ class Ledger:
         def build(now_ms: int) -> tuple[list[str], list[Any]]:
             used_keys, spec = self._budget_spec(scope, now_ms)
             spec.update(extra)
-            return self.keys.core(scope) + used_keys, [rid, self.ttl_ms, _dumps(spec)]
+            keys = [*self.keys.core(scope), self.keys.settled(scope, rid), *used_keys]
+            return keys, [rid, self.ttl_ms, _dumps(spec)]
 
         try:
             reply = await self._run(self.scripts.admit, build)
@@ -257,6 +260,8 @@ class Ledger:
                 return Unguarded(str(e), rid)
             raise
         now = int(reply[1])
+        if reply[0] == "settled":
+            raise ReservationReused(f"reservation id {rid!r} was settled already")
         budgets, pos = self._budget_states(scope, reply, 4 if reply[0] != "ok" else 3)
         rate_states = self._rate_states(scope, reply, pos)
         if reply[0] == "ok":
@@ -278,6 +283,8 @@ class Ledger:
 
         ``tokens=0`` only refreshes the expiry (a heartbeat for slow streams).
         """
+        if tokens < 0:
+            raise ValueError("tokens must be >= 0")
         scope = reservation.scope
 
         def build(now_ms: int) -> tuple[list[str], list[Any]]:

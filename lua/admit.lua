@@ -4,7 +4,8 @@
 -- KEYS[2]  hc:{root}:res        hash  reservation id -> JSON record (fields, dims, in, out, prices)
 -- KEYS[3]  hc:{root}:exp        zset  reservation id -> expiry, epoch ms (server clock)
 -- KEYS[4]  hc:{root}:rl         hash  rate-limit state per level (sliding minute, token bucket)
--- KEYS[5..] hc:{root}:u:<window spec>:<window id>  hash  budget field -> used, one key per window
+-- KEYS[5]  hc:{root}:s:<reservation id>  string  set once this id was settled
+-- KEYS[6..] hc:{root}:u:<window spec>:<window id>  hash  budget field -> used, one key per window
 --
 -- ARGV[1]  reservation id (unique per request)
 -- ARGV[2]  reservation TTL, ms (a live stream refreshes it with extend)
@@ -18,6 +19,7 @@
 -- Reply, refused:   {'busy'|'exceeded'|'rate', now_ms, what, retry_after_ms, <budget state>,
 --                    <rate state>}  where `what` is the budget field or '<level tag>:rpm|tpm'
 -- Reply, bad clock: {'clock', now_ms}  (a window the client named does not contain now)
+-- Reply, reused id: {'settled', now_ms}  (this id was settled already; nothing changes)
 -- <budget state> = n, then n pairs (remaining, reset_ms) in the order of ARGV b
 -- <rate state>   = m, then m quads (rpm_remaining, rpm_reset_ms, tpm_remaining, tpm_reset_ms);
 --                  -1 where that limit is not set
@@ -32,9 +34,10 @@ local rid, ttl = ARGV[1], tonumber(ARGV[2])
 local spec = cjson.decode(ARGV[3])
 local now = now_ms()
 if not windows_current(spec.w, now) then return {'clock', now} end
+if redis.call('EXISTS', KEYS[5]) == 1 then return {'settled', now} end
 reclaim(KEYS[1], KEYS[2], KEYS[3], now)
 
-local used_keys = used_keys_from(5)
+local used_keys = used_keys_from(6)
 local held = redis.call('HGET', KEYS[2], rid)
 if held then
   local used, reserved = read_counts(KEYS[1], used_keys, spec.b)

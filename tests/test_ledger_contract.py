@@ -6,7 +6,10 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 from hardcap_core.budgets import Dimension, Prices, RateLimit
+from hardcap_core.errors import ReservationReused
 from hardcap_core.ledger import (
     Admitted,
     Extended,
@@ -229,3 +232,13 @@ async def test_keys_share_one_slot_per_hierarchy(ledger: Ledger, client: Any) ->
     await ledger.settle(a.reservation, input_tokens=1, output_tokens=5)
     keys = [k async for k in client.scan_iter(match="hc:*")]
     assert keys and all(b"{o:bigco}" in k for k in keys)
+
+
+async def test_reservation_ids_are_single_use(ledger: Ledger) -> None:
+    sc = scope((TENANT, TOT, 1000, "day"))
+    a = await admitted(ledger, sc, input_tokens=0, output_estimate=100, reservation_id="req-1")
+    await ledger.settle(a.reservation, input_tokens=0, output_tokens=50)
+    with pytest.raises(ReservationReused):
+        await ledger.admit(sc, input_tokens=0, output_estimate=300, reservation_id="req-1")
+    u = await ledger.usage(sc)
+    assert (u.rows[0].used, u.rows[0].reserved, u.live_reservations) == (50, 0, 0)
