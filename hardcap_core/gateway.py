@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .auth import bearer_token
+from .budgets import NANO_USD_PER_USD, Dimension
 from .chat_request import ChatRequest, parse_chat_request
 from .config import Config, Principal, Route
 from .counting import input_tokens, message_output_tokens
@@ -34,7 +35,7 @@ from .errors import (
 )
 from .estimators import Estimator, FixedEstimator, MaxTokensEstimator, SharedP95Estimator
 from .headers import budget_headers
-from .ledger import Admitted, BudgetState, Ledger, Refusal, Refused, Unguarded
+from .ledger import Admitted, BudgetState, Ledger, Refusal, Refused, Unguarded, UsageRow
 from .logs import logger
 from .meter import Meter, MeterSettings
 from .relay import StreamRelay
@@ -129,21 +130,7 @@ class Gateway:
 
     async def usage(self, principal: Principal) -> Response:
         usage = await self._ledger_call(self.ledger.usage(principal.scope))
-        rows = [
-            {
-                "level": row.budget.level.kind.value,
-                "id": row.budget.level.id,
-                "dimension": row.budget.dimension.value,
-                "window": row.budget.window.spec,
-                "unit": "nano_usd" if row.budget.dimension.value == "cost_usd" else "tokens",
-                "limit": row.budget.limit,
-                "used": row.used,
-                "reserved": row.reserved,
-                "remaining": row.remaining,
-                "reset_seconds": round(row.reset_ms / 1000, 3),
-            }
-            for row in usage.rows
-        ]
+        rows = [_usage_row(row) for row in usage.rows]
         states = [BudgetState(r.budget, r.remaining, r.reset_ms) for r in usage.rows]
         return JSONResponse(
             {
@@ -287,6 +274,27 @@ class Gateway:
 def _allow(s: MeterSettings, policy: str) -> MeterSettings:
     extend = policy != "count_after"
     return MeterSettings(s.step, s.within, s.guard, s.heartbeat_s, truncate=False, extend=extend)
+
+
+def _usage_row(row: UsageRow) -> dict[str, Any]:
+    b = row.budget
+    cost = b.dimension is Dimension.COST_USD
+    out: dict[str, Any] = {
+        "level": b.level.kind.value,
+        "id": b.level.id,
+        "dimension": b.dimension.value,
+        "window": b.window.spec,
+        "unit": "nano_usd" if cost else "tokens",
+        "limit": b.limit,
+        "used": row.used,
+        "reserved": row.reserved,
+        "remaining": row.remaining,
+        "reset_seconds": round(row.reset_ms / 1000, 3),
+    }
+    if cost:
+        for name in ("limit", "used", "reserved", "remaining"):
+            out[f"{name}_usd"] = out[name] / NANO_USD_PER_USD
+    return out
 
 
 def _refusal(r: Refused) -> TooManyRequests:
