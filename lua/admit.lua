@@ -24,8 +24,9 @@
 -- <rate state>   = m, then m quads (rpm_remaining, rpm_reset_ms, tpm_remaining, tpm_reset_ms);
 --                  -1 where that limit is not set
 --
--- Output is reserved up to the estimate `o`, shrunk to what the budgets can still hold but never
--- below `mo`. A refusal that would fit with nothing in flight is 'busy', otherwise 'exceeded'.
+-- Output is reserved up to the estimate `o`. At the tail of a budget (the estimate would not fit
+-- even with nothing in flight) it is shrunk to what the budgets still hold, but never below
+-- `mo`. A refusal that would fit with nothing in flight is 'busy', otherwise 'exceeded'.
 -- A refused request changes nothing but the reclaiming of expired reservations.
 -- Admitting an id that is already held is a replay (a client retry after a lost reply): it
 -- answers 'ok' with the existing reservation and reserves nothing more.
@@ -137,7 +138,14 @@ for i, b in ipairs(spec.b) do
   if fi < fit_idle then fit_idle, tight_idle = fi, i end
 end
 
+-- Shrink only at the tail of a budget: when the estimate would fit with nothing in flight,
+-- the request waits (busy) for the holds to settle instead of taking a small hold that is
+-- likely to be cut. Every cut stream risks the provider's tokens in flight, so cuts are kept
+-- to the few requests that meet the end of the budget.
 local out = math.min(est_out, fit)
+if out < est_out and fit_idle >= est_out then
+  return budget_reply('busy', spec.b[tight][1], 1000)
+end
 if out < min_out then
   if fit_idle >= min_out then
     return budget_reply('busy', spec.b[tight][1], 1000)

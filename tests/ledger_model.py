@@ -145,6 +145,9 @@ class LedgerModel:
             if fi < fit_idle:
                 fit_idle, tight_idle = fi, i
         out = min(estimate, fit)
+        if out < estimate and fit_idle >= estimate:
+            # Shrink only at a budget's tail; while holds are in flight the request waits.
+            return self._admit_reply(now, "busy", 0, self.budgets[tight].field, BUSY_RETRY_MS)
         if out < min_output:
             if fit_idle >= min_output:
                 field_ = self.budgets[tight].field

@@ -88,13 +88,21 @@ async def test_refused_request_costs_nothing(ledger: Ledger) -> None:
     assert ok.rates[0].tokens_remaining == 10_000 - 50
 
 
-async def test_shrinks_reservation_to_fit_but_not_below_minimum(ledger: Ledger) -> None:
+async def test_shrinks_only_at_the_tail_of_a_budget(ledger: Ledger) -> None:
     sc = scope((TENANT, TOT, 1000, "day"))
-    await admitted(ledger, sc, input_tokens=0, output_estimate=900)
+    held = await admitted(ledger, sc, input_tokens=0, output_estimate=900)
+    # 80 tokens are free only because 900 are in flight: wait for them rather than take a
+    # small hold that would likely be cut.
+    r = await ledger.admit(sc, input_tokens=20, output_estimate=400, min_output=16)
+    assert isinstance(r, Refused) and r.reason is Refusal.BUSY
+    await ledger.settle(held.reservation, input_tokens=0, output_tokens=900)
+    # Now the budget itself has only 100 left: the request gets in with what remains ...
     small = await admitted(ledger, sc, input_tokens=20, output_estimate=400, min_output=16)
     assert small.reservation.output_reserved == 80
+    await ledger.settle(small.reservation, input_tokens=20, output_tokens=75)
+    # ... and with less than the minimum left, the budget is spent.
     r = await ledger.admit(sc, input_tokens=0, output_estimate=400, min_output=16)
-    assert isinstance(r, Refused) and r.reason is Refusal.BUSY
+    assert isinstance(r, Refused) and r.reason is Refusal.EXCEEDED
 
 
 async def test_rate_limited_by_requests_per_minute(ledger: Ledger) -> None:
