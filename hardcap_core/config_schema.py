@@ -47,6 +47,7 @@ class GatewaySettings(_Model):
     extend_step_tokens: PosInt = 64
     extend_when_within: NonNegInt = 32
     truncate_guard_tokens: NonNegInt = 4
+    truncate_guard_ms: NonNegFloat = 50.0
     upstream_timeout_seconds: PosFloat = 300.0
     chars_per_token: PosFloat = 4.0
     log_prompts: bool = False

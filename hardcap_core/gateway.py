@@ -8,6 +8,7 @@ into OpenAI-shaped responses in one place.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -62,6 +63,7 @@ class Gateway:
             step=g.extend_step_tokens,
             within=g.extend_when_within,
             guard=g.truncate_guard_tokens,
+            guard_s=g.truncate_guard_ms / 1000,
             heartbeat_s=g.reservation_ttl_seconds / 3,
         )
 
@@ -273,7 +275,7 @@ class Gateway:
 
 def _allow(s: MeterSettings, policy: str) -> MeterSettings:
     extend = policy != "count_after"
-    return MeterSettings(s.step, s.within, s.guard, s.heartbeat_s, truncate=False, extend=extend)
+    return dataclasses.replace(s, truncate=False, extend=extend)
 
 
 def _usage_row(row: UsageRow) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ class MeterSettings:
     step: int = 64  # ask for this many more output tokens ...
     within: int = 32  # ... when within this many of the reservation
     guard: int = 4  # least tokens a provider may generate after we close
+    guard_s: float = 0.05  # how long a provider may take to notice; times its speed, more guard
     heartbeat_s: float = 40.0  # refresh a slow stream's reservation this often
     truncate: bool = True  # False: the `allow` policy, never cut
     extend: bool = True  # False: the `count_after` baseline, which holds nothing while streaming
@@ -76,16 +78,25 @@ class Meter:
         self.charged_input = 0
         self._refreshed = time.monotonic()
         self._batches: collections.deque[int] = collections.deque(maxlen=LAG_WINDOW)
+        self._first_read: float | None = None
 
     def note_read(self, events: int) -> None:
         """The relay read ``events`` events in one network read (more than one: it lags)."""
+        if self._first_read is None:
+            self._first_read = time.monotonic()
         self._batches.append(events)
 
     @property
     def guard(self) -> int:
-        """Tokens the provider may generate after we stop reading."""
+        """Tokens the provider may generate after we stop reading: the configured least, the
+        events we read in one go lately (how far behind the provider we are), and the
+        provider's speed times how long it may take to notice the close."""
         lag = max(self._batches, default=1) - 1
-        return self.settings.guard + max(lag, 0)
+        speed = 0.0
+        if self._first_read is not None:
+            elapsed = time.monotonic() - self._first_read
+            speed = self.seen / elapsed if elapsed > 0.05 else 0.0
+        return self.settings.guard + max(lag, 0) + math.ceil(speed * self.settings.guard_s)
 
     @property
     def ceiling(self) -> int:
