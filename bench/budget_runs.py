@@ -1,0 +1,269 @@
+"""The pieces of the overshoot experiment: modes, the config, warm-up, one batch of tenant-runs,
+and the per-cell summary. :mod:`bench.overshoot` puts them together.
+
+A *tenant-run* is one tenant spending a fresh budget with ``concurrency`` streams until the
+gateway answers ``budget_exceeded``. Ground truth is what the mock upstream says it generated
+for that tenant (GET /mock/ground-truth), never the gateway's ledger; the ledger's view is read
+separately from GET /v1/hardcap/usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import redis
+
+from bench import stack
+from bench.harness import chat_body, drive_tenant, usage_rows
+from bench.http1 import Client
+
+BUDGET = 20_000
+MAX_TOKENS = 1024
+WARMUP_TENANT = "warmup"
+WARMUP_BUDGET = 10**12
+P95 = {"kind": "p95", "min_samples": 50}
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One way of enforcing a budget: a route of the generated config."""
+
+    name: str  # the route name clients send as `model`
+    label: str
+    route: dict[str, Any]
+
+    @property
+    def truncates(self) -> bool:
+        return bool(self.route.get("policy", "truncate") == "truncate")
+
+    @property
+    def learns_p95(self) -> bool:
+        return bool(self.route.get("estimator", {}).get("kind") == "p95")
+
+
+MODES: dict[str, Mode] = {
+    m.name: m
+    for m in (
+        Mode("count_after", "Count after the fact", {"policy": "count_after"}),
+        Mode("max_tokens", "Reserve max_tokens", {"estimator": {"kind": "max_tokens"}}),
+        Mode("p95_allow", "Reserve p95, allow", {"estimator": P95, "policy": "allow"}),
+        Mode("p95_truncate", "Reserve p95, truncate", {"estimator": P95, "policy": "truncate"}),
+        # Not in the default set: what the seed's table suggests it measured, no shrinking at
+        # admission (a request needs its whole estimate free, or it is told budget_busy).
+        Mode(
+            "max_tokens_whole",
+            "Reserve max_tokens, never shrunk",
+            {"estimator": {"kind": "max_tokens"}, "min_output_reservation": MAX_TOKENS},
+        ),
+        Mode(
+            "p95_truncate_whole",
+            "Reserve p95, truncate, never shrunk",
+            {"estimator": P95, "policy": "truncate", "min_output_reservation": MAX_TOKENS},
+        ),
+    )
+}
+DEFAULT_MODES = ("count_after", "max_tokens", "p95_allow", "p95_truncate")
+
+
+def tenant_ids(count: int) -> list[str]:
+    return [f"t{i}" for i in range(count)]
+
+
+def build_config(
+    mock_url: str,
+    redis_url: str,
+    modes: list[Mode],
+    tenants: int,
+    window: str,
+    gateway: dict[str, Any],
+) -> dict[str, Any]:
+    """Routes for ``modes``, ``tenants`` tenants with a fresh BUDGET each, and a warm-up tenant."""
+    data = stack.base_config(mock_url, redis_url, **gateway)
+    data["routes"] = [
+        stack.mock_route(m.name, max_output_tokens=MAX_TOKENS, **m.route) for m in modes
+    ]
+    data["tenants"] = [stack.tenant_entry(t, BUDGET, window) for t in tenant_ids(tenants)]
+    data["tenants"].append(stack.tenant_entry(WARMUP_TENANT, WARMUP_BUDGET, window))
+    return data
+
+
+def choose_window(expected_seconds: float) -> str:
+    """A fixed budget window that will not roll over during the run (windows align to epoch)."""
+    now = time.time()
+    for spec, length in (("7d", 7 * 86400), ("30d", 30 * 86400)):
+        if (now // length + 1) * length - now > expected_seconds + 3600:
+            return spec
+    return "365d"
+
+
+def p95_state(redis_url: str, route: str) -> dict[str, int]:
+    """The shared estimator's current value and sample size for ``route``."""
+    with redis.Redis.from_url(redis_url) as r:
+        raw = r.hmget(f"hc:{{est:{route}}}:stats", "q", "n")
+    return {"p95": int(float(raw[0] or 0)), "samples": int(raw[1] or 0)}
+
+
+def reset_estimator(redis_url: str, route: str) -> None:
+    """Forget ``route``'s shared p95 sample (before it is warmed again)."""
+    with redis.Redis.from_url(redis_url) as r:
+        r.delete(f"hc:{{est:{route}}}:samples", f"hc:{{est:{route}}}:stats")
+
+
+def flush_tenants(redis_url: str) -> int:
+    """Delete every key but the shared estimators' (hc:{est:...}): fresh budgets, warm p95."""
+    deleted = 0
+    with redis.Redis.from_url(redis_url) as r:
+        doomed = [k for k in r.scan_iter(count=1000) if not k.startswith(b"hc:{est:")]
+        for i in range(0, len(doomed), 500):
+            deleted += int(r.delete(*doomed[i : i + 500]))
+    return deleted
+
+
+async def warm_up(urls: list[str], mode: Mode, requests: int, concurrency: int = 16) -> None:
+    """Fill ``mode``'s shared p95 sample with non-streamed replies at mock pace 0.
+
+    The replies come from the same log-normal, capped at the same max_tokens, as the streamed
+    ones; without streaming they cost the machine one JSON body each instead of a stream.
+    """
+    prompt = "Warm the estimator. [mock:pace_ms=0]"
+    body = json.dumps(chat_body(WARMUP_TENANT, mode.name, MAX_TOKENS, prompt, False)).encode()
+    headers = {
+        "authorization": f"Bearer {stack.tenant_key(WARMUP_TENANT)}",
+        "content-type": "application/json",
+    }
+    clients = [Client(u, concurrency) for u in urls]
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        async with slots:
+            status, _, raw = await clients[i % len(clients)].request(
+                "POST", "/chat/completions", body, headers
+            )
+        if status != 200:
+            raise RuntimeError(f"warm-up request failed: {status} {raw[:200]!r}")
+
+    try:
+        async with asyncio.timeout(600):
+            await asyncio.gather(*(one(i) for i in range(requests)))
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+@dataclass
+class Batch:
+    """Tenant-runs of one cell that run at the same time."""
+
+    mode: Mode
+    concurrency: int
+    run: int
+    tenants: list[str]
+    seeds: list[int]
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+
+def ground_truth(mock_url: str, tenants: list[str], settle_s: float = 30.0) -> dict[str, Any]:
+    """The mock's per-tenant counters once nothing is in flight for ``tenants`` (bounded)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        rows = httpx.get(f"{mock_url}/mock/ground-truth", timeout=10).json()["tenants"]
+        busy = [t for t in tenants if rows.get(t, {}).get("in_flight")]
+        if not busy or time.monotonic() > deadline:
+            return {t: dict(rows.get(t, {}), settled=t not in busy) for t in tenants}
+        time.sleep(0.05)
+
+
+def run_batch(
+    batch: Batch, urls: list[str], mock_url: str, redis_url: str, time_limit_s: float
+) -> None:
+    """Fresh state, the batch's tenants spend their budgets at once, then read both sides."""
+    flush_tenants(redis_url)
+    httpx.post(f"{mock_url}/mock/reset", timeout=10).raise_for_status()
+
+    async def drive() -> list[Any]:
+        return await asyncio.gather(
+            *(
+                drive_tenant(
+                    urls,
+                    stack.tenant_key(t),
+                    t,
+                    concurrency=batch.concurrency,
+                    model=batch.mode.name,
+                    max_tokens=MAX_TOKENS,
+                    time_limit_s=time_limit_s,
+                    seed=seed,
+                )
+                for t, seed in zip(batch.tenants, batch.seeds, strict=True)
+            )
+        )
+
+    runs = asyncio.run(drive())
+    truth = ground_truth(mock_url, batch.tenants)
+    for run in runs:
+        rows = [
+            r for r in usage_rows(urls[0], stack.tenant_key(run.tenant)) if r["id"] == run.tenant
+        ]
+        ledger = rows[0]
+        gt = truth[run.tenant]
+        total = int(gt.get("total_tokens", 0))
+        batch.results.append(
+            {
+                "run": batch.run,
+                "tenant": run.tenant,
+                "budget": BUDGET,
+                "ground_truth": gt,
+                "ledger": {"used": ledger["used"], "reserved": ledger["reserved"]},
+                "client": run.as_json(),
+                "overshoot_ground_truth": round(total / BUDGET - 1, 6),
+                "overshoot_ledger": round(ledger["used"] / BUDGET - 1, 6),
+                "usable": round(total / BUDGET, 6),
+                "ledger_minus_truth": ledger["used"] - total,
+            }
+        )
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-cell aggregates over tenant-runs (every number is per tenant-run or per tenant)."""
+    over = [r["overshoot_ground_truth"] for r in results]
+    ledger = [r["overshoot_ledger"] for r in results]
+    usable = [r["usable"] for r in results]
+    client = [r["client"] for r in results]
+    gt = [r["ground_truth"] for r in results]
+    seconds = [c["seconds"] for c in client]
+    tokens = [int(g.get("total_tokens", 0)) for g in gt]
+
+    def mean(xs: list[float]) -> float:
+        return round(statistics.fmean(xs), 6) if xs else 0.0
+
+    return {
+        "tenant_runs": len(results),
+        "worst_overshoot_ground_truth": max(over, default=0.0),
+        "mean_overshoot_ground_truth": mean(over),
+        "worst_overshoot_ledger": max(ledger, default=0.0),
+        "mean_overshoot_ledger": mean(ledger),
+        "worst_tokens_over_ground_truth": max(
+            t - r["budget"] for t, r in zip(tokens, results, strict=True)
+        ),
+        "usable_mean": mean(usable),
+        "usable_min": min(usable, default=0.0),
+        "busy_per_tenant": mean([c["busy"] for c in client]),
+        "truncated_per_tenant": mean([int(g.get("aborted", 0)) for g in gt]),
+        "truncated_client_per_tenant": mean([c["truncated"] for c in client]),
+        "capped_per_tenant": mean([c["capped"] for c in client]),
+        "requests_per_tenant": mean([int(g.get("requests", 0)) for g in gt]),
+        "reserved_left_max": max(r["ledger"]["reserved"] for r in results),
+        "ledger_minus_truth_mean": mean([r["ledger_minus_truth"] for r in results]),
+        "errors": sum(c["errors"] for c in client),
+        "unsettled_ground_truth": sum(not g.get("settled", True) for g in gt),
+        "exceeded_reached": sum(c["exceeded"] > 0 for c in client),
+        "seconds_mean": mean(seconds),
+        "tokens_per_second_mean": mean(
+            [t / s for t, s in zip(tokens, seconds, strict=True) if s > 0]
+        ),
+    }

@@ -1,0 +1,286 @@
+"""How far over its budget a tenant gets, per enforcement mode and streams per tenant.
+
+The seed's experiment: tenants with a 20,000-token total budget each spend it through 3
+gateway processes (``hardcap serve``) sharing one Valkey, with ``concurrency`` streams per
+tenant, max_tokens 1024, log-normal output lengths (median 150, sigma 1.0) from the mock
+upstream pacing tokens at ``--pace-ms``. Ground truth is what the mock generated for each
+tenant, never the gateway's ledger. Modes are routes of one generated config:
+
+* ``count_after`` — the usual implementation (route policy count_after), the baseline;
+* ``max_tokens`` — reserve max_tokens, truncate; ``p95_allow`` / ``p95_truncate`` — reserve
+  the shared rolling p95 and let a stream finish, or cut it, when the budget cannot grow.
+
+Each batch starts from fresh budgets: every Valkey key is deleted except the shared p95
+estimators', and the mock's ground truth is reset. Before every cell of a p95 mode, the
+route's sample is emptied and refilled with ``--warmup`` non-streamed replies on a separate
+warm-up tenant; within the cell it keeps learning from the runs' completed (not truncated)
+streams, as it would in production (the JSON records the p95 before and after each cell).
+Cells run in descending concurrency (the 128-stream headline first) and the JSON is
+rewritten after every cell.
+
+    PYTHONPATH=. /tmp/venv/bin/python bench/overshoot.py --quick --check   # < 3 min, CI
+    nohup env PYTHONPATH=. /tmp/venv/bin/python bench/overshoot.py > /tmp/overshoot.log 2>&1 &
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm  # type: ignore[import-untyped]
+
+from bench import stack
+from bench.budget_runs import (
+    BUDGET,
+    DEFAULT_MODES,
+    MAX_TOKENS,
+    MODES,
+    Batch,
+    Mode,
+    build_config,
+    choose_window,
+    p95_state,
+    reset_estimator,
+    run_batch,
+    summarize,
+    tenant_ids,
+    warm_up,
+)
+from bench.machine import CpuWatch, machine_info, pids_of, write_json
+from hardcap_core.valkey_local import LocalValkey
+
+RESULTS = Path(__file__).resolve().parent / "results"
+QUICK_CELLS = (("p95_truncate", 128), ("p95_truncate", 8), ("count_after", 128))
+CHECK_MAX_OVERSHOOT = 0.005
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smoke run: 2 tenants x 1 run, 3 cells")
+    p.add_argument("--check", action="store_true", help="exit 1 on overshoot or leftover holds")
+    p.add_argument("--out", type=Path, help="result JSON (default bench/results/overshoot.json)")
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"of {', '.join(MODES)}")
+    p.add_argument("--concurrency", default="128,64,32,8,1", help="streams per tenant")
+    p.add_argument("--tenants", type=int, default=8, help="tenants per run")
+    p.add_argument("--runs", type=int, default=3, help="runs per cell")
+    p.add_argument("--runs-at", default="", help="per-concurrency runs, e.g. '32:1,64:1'")
+    p.add_argument("--pace-ms", type=float, default=10.0, help="mock ms per token (10 = 100/s)")
+    p.add_argument("--mock-nice", type=int, default=-10, help="mock CPU priority (0: as others)")
+    p.add_argument("--gateways", type=int, default=3, help="gateway processes")
+    p.add_argument(
+        "--max-streams",
+        type=int,
+        default=16,
+        help="tenants run together while "
+        "their streams add up to at most this many (at least one tenant at a time)",
+    )
+    p.add_argument("--warmup", type=int, default=1000, help="replies that warm each p95 route")
+    p.add_argument("--guard", type=int, help="gateway.truncate_guard_tokens (default: 4)")
+    p.add_argument("--time-limit", type=float, default=900.0, help="s per tenant-run, at most")
+    p.add_argument("--seed", type=int, default=7, help="mock seed and client seeds")
+    ns = p.parse_args(argv)
+    if ns.quick:
+        ns.tenants, ns.runs, ns.warmup = 2, 1, 500
+    return ns
+
+
+def plan_cells(ns: argparse.Namespace) -> list[tuple[Mode, int, int]]:
+    """(mode, concurrency, runs) in the order they run: highest concurrency first."""
+    if ns.quick:
+        return [(MODES[m], c, 1) for m, c in QUICK_CELLS]
+    modes = [MODES[m] for m in ns.modes.split(",") if m]
+    runs_at = {int(k): int(v) for k, v in (x.split(":") for x in ns.runs_at.split(",") if x)}
+    levels = sorted({int(c) for c in ns.concurrency.split(",")}, reverse=True)
+    return [(m, c, runs_at.get(c, ns.runs)) for c in levels for m in modes]
+
+
+def batches_of(mode: Mode, concurrency: int, runs: int, ns: argparse.Namespace) -> list[Batch]:
+    together = max(1, min(ns.tenants, ns.max_streams // concurrency))
+    out = []
+    for run in range(runs):
+        ids = tenant_ids(ns.tenants)
+        for i in range(0, len(ids), together):
+            group = ids[i : i + together]
+            seeds = [
+                ns.seed * 1_000_003 + concurrency * 1009 + run * 101 + j
+                for j in range(i, i + len(group))
+            ]
+            out.append(Batch(mode, concurrency, run, group, seeds))
+    return out
+
+
+def check(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """The CI gate: truncate modes within 0.5 % of budget, no reservation left anywhere."""
+    worst = max(
+        (c["summary"]["worst_overshoot_ground_truth"] for c in cells if c["truncates"]),
+        default=0.0,
+    )
+    left = max((c["summary"]["reserved_left_max"] for c in cells), default=0)
+    errors = sum(c["summary"]["errors"] for c in cells)
+    return {
+        "max_allowed_overshoot": CHECK_MAX_OVERSHOOT,
+        "worst_truncate_overshoot_ground_truth": worst,
+        "reserved_left_max": left,
+        "client_errors": errors,
+        "passed": worst <= CHECK_MAX_OVERSHOOT and left == 0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: stop every child process
+    out = ns.out or RESULTS / ("overshoot-quick.json" if ns.quick else "overshoot.json")
+    cells_plan = plan_cells(ns)
+    modes = list({m.name: m for m, _, _ in cells_plan}.values())
+    all_batches = [(b, runs) for m, c, runs in cells_plan for b in batches_of(m, c, runs, ns)]
+    gateway_cfg: dict[str, Any] = {"reservation_ttl_seconds": 120}
+    if ns.guard is not None:
+        gateway_cfg["truncate_guard_tokens"] = ns.guard
+    window = choose_window(ns.time_limit * len(all_batches))
+    result: dict[str, Any] = {
+        "benchmark": "overshoot",
+        "command": "PYTHONPATH=. python bench/overshoot.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        "complete": False,
+        "machine": machine_info(),
+        "parameters": {
+            "quick": ns.quick,
+            "budget_tokens": BUDGET,
+            "budget_dimension": "total_tokens",
+            "budget_window": window,
+            "max_tokens": MAX_TOKENS,
+            "output_length": {
+                "distribution": "log-normal",
+                "median": 150,
+                "sigma": 1.0,
+                "cap": "max_tokens (the mock truncates with finish_reason length)",
+            },
+            "mock_pace_ms": ns.pace_ms,
+            "mock_seed": ns.seed,
+            "gateway_processes": ns.gateways,
+            "gateway_config": gateway_cfg,
+            "tenants_per_run": ns.tenants,
+            "runs_per_cell": ns.runs,
+            "runs_at": ns.runs_at,
+            "max_streams_together": ns.max_streams,
+            "p95_warmup_replies": ns.warmup,
+            "time_limit_s_per_tenant_run": ns.time_limit,
+            "client_busy_pause_s": [0.05, 0.3],
+            "routes": {m.name: {"label": m.label, **m.route} for m in modes},
+        },
+        "notes": [
+            "Per batch: all Valkey keys deleted except the shared p95 estimator keys "
+            "(hc:{est:<route>}:*), and the mock's ground truth reset.",
+            f"Before every cell of a p95 mode the route's shared sample is emptied and refilled "
+            f"with {ns.warmup} non-streamed replies (mock pace 0, same length distribution and "
+            "cap) on a separate warm-up tenant; within the cell it keeps learning from the "
+            "runs' completed (not truncated) streams. p95_before / p95_after show the drift.",
+            "The mock runs at a higher CPU priority (mock_nice) so that, like a provider on "
+            "its own hardware, it keeps its pace when the gateways load the machine; falling "
+            "behind would make it send tokens in bursts when it catches up.",
+            "Tenants of a run go together while their streams add up to at most "
+            f"{ns.max_streams}; otherwise one tenant at a time, so the 2-core machine is not "
+            "asked for more tokens per second than it can pace.",
+        ],
+        "cells": [],
+    }
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="hardcap-overshoot-") as tmp_name:
+        tmp = Path(tmp_name)
+        with LocalValkey() as valkey:
+            mock = stack.start_mock(tmp, pace_ms=ns.pace_ms, seed=ns.seed, nice=ns.mock_nice)
+            result["parameters"]["mock_nice"] = stack.get_nice(mock.proc.pid)
+            try:
+                data = build_config(mock.url, valkey.url, modes, ns.tenants, window, gateway_cfg)
+                with stack.gateways(data, ns.gateways, tmp) as gws:
+                    urls = [f"{g.url}/v1" for g in gws]
+                    pids = {
+                        **pids_of([mock, *gws]),
+                        "valkey": valkey.proc.pid if valkey.proc else 0,
+                    }
+                    bar = tqdm(total=sum(len(b.tenants) for b, _ in all_batches), unit="tenant-run")
+                    for mode, conc, runs in cells_plan:
+                        cell = run_cell(ns, mode, conc, runs, urls, mock.url, valkey.url, pids, bar)
+                        result["cells"].append(cell)
+                        write_json(out, result)
+                    bar.close()
+            finally:
+                mock.stop()
+    result["complete"] = True
+    result["seconds"] = round(time.monotonic() - started, 1)
+    result["check"] = check(result["cells"])
+    write_json(out, result)
+    print_summary(result, out)
+    if ns.check and not result["check"]["passed"]:
+        print(f"CHECK FAILED: {result['check']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_cell(
+    ns: argparse.Namespace,
+    mode: Mode,
+    conc: int,
+    runs: int,
+    urls: list[str],
+    mock_url: str,
+    redis_url: str,
+    pids: dict[str, int],
+    bar: Any,
+) -> dict[str, Any]:
+    bar.set_postfix_str(f"{mode.name} x{conc}")
+    if mode.learns_p95:
+        # Every cell starts from the same learned estimate, not from what the last cell left.
+        reset_estimator(redis_url, mode.name)
+        asyncio.run(warm_up(urls, mode, ns.warmup))
+    before = p95_state(redis_url, mode.name) if mode.learns_p95 else None
+    watch = CpuWatch(pids).start()
+    batches = batches_of(mode, conc, runs, ns)
+    for batch in batches:
+        batch_watch = CpuWatch(pids).start()
+        run_batch(batch, urls, mock_url, redis_url, ns.time_limit)
+        share = batch_watch.stop()["other_share"]
+        for r in batch.results:
+            r["other_processes_share"] = share  # how contended the machine was meanwhile
+        bar.update(len(batch.tenants))
+    results = [r for b in batches for r in b.results]
+    return {
+        "mode": mode.name,
+        "label": mode.label,
+        "truncates": mode.truncates,
+        "concurrency": conc,
+        "runs": runs,
+        "tenants": ns.tenants,
+        "tenants_together": len(batches[0].tenants),
+        "p95_before": before,
+        "p95_after": p95_state(redis_url, mode.name) if mode.learns_p95 else None,
+        "cpu": watch.stop(),
+        "summary": summarize(results),
+        "tenant_runs": results,
+    }
+
+
+def print_summary(result: dict[str, Any], out: Path) -> None:
+    print(f"\nwrote {out} in {result['seconds']} s")
+    for c in result["cells"]:
+        s = c["summary"]
+        print(
+            f"{c['mode']:>20} x{c['concurrency']:<4}"
+            f" worst {s['worst_overshoot_ground_truth']:+.4%}"
+            f" mean {s['mean_overshoot_ground_truth']:+.4%}"
+            f" ledger {s['worst_overshoot_ledger']:+.4%}"
+            f" usable {s['usable_mean']:.2%} busy {s['busy_per_tenant']:.0f}"
+            f" truncated {s['truncated_per_tenant']:.1f} left {s['reserved_left_max']}"
+            f" errors {s['errors']}"
+        )
+    print("check:", result["check"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

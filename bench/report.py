@@ -1,0 +1,303 @@
+"""Markdown tables from the benchmark result files, written between markers, never by hand.
+
+Reads bench/results/overshoot.json and bench/results/overhead.json and replaces the blocks
+between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (NAME: overshoot, overhead, goals)
+in docs/benchmarks.md, and in README.md where those markers exist (nothing else in either file
+changes). Prints the tables too. The output depends only
+on the JSON: the same files always give the same bytes.
+
+    PYTHONPATH=. /tmp/venv/bin/python bench/report.py
+    PYTHONPATH=. /tmp/venv/bin/python bench/report.py --print-only \
+        --overshoot bench/results/overshoot-quick.json --overhead bench/results/overhead-quick.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+MODE_ORDER = (
+    "count_after",
+    "max_tokens",
+    "max_tokens_whole",
+    "p95_allow",
+    "p95_truncate",
+    "p95_truncate_whole",
+)
+
+
+def pct(x: float, digits: int = 2) -> str:
+    return f"{x * 100:+.{digits}f}%"
+
+
+def over(worst: float, tokens: int) -> str:
+    """A worst overshoot: the share and the tokens, or 'never over' with the closest approach."""
+    if worst <= 0:
+        return f"never over ({pct(worst)})"
+    return f"**{pct(worst)}** (+{tokens:,} tok)"
+
+
+def num(x: float | None, digits: int = 1) -> str:
+    if x is None:
+        return "—"
+    return f"{x:,.{digits}f}"
+
+
+def _cells(data: dict[str, Any]) -> list[dict[str, Any]]:
+    order = {m: i for i, m in enumerate(MODE_ORDER)}
+    return sorted(data["cells"], key=lambda c: (-c["concurrency"], order.get(c["mode"], 99)))
+
+
+def overshoot_tables(data: dict[str, Any], source: str) -> str:
+    """The headline table at the highest concurrency, then the sweep."""
+    cells = _cells(data)
+    p = data["parameters"]
+    top = max(c["concurrency"] for c in cells)
+    lines = [
+        f"{top} streams per tenant, {p['gateway_processes']} gateway processes, "
+        f"{p['budget_tokens']:,}-token budget, mock pace {p['mock_pace_ms']:g} ms/token "
+        f"({source}, {'complete' if data.get('complete') else 'INCOMPLETE'} run, "
+        f"commit `{(data['machine'].get('git_commit') or 'unknown')[:10]}`):",
+        "",
+        "| Mode | Worst overshoot (ground truth) | Mean | Ledger, worst | Budget usable "
+        "| budget_busy per tenant | Truncated streams per tenant | Reserved left | Tenant-runs |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        if c["concurrency"] != top:
+            continue
+        s = c["summary"]
+        worst = over(s["worst_overshoot_ground_truth"], s["worst_tokens_over_ground_truth"])
+        lines.append(
+            f"| {c['label']} | {worst} "
+            f"| {pct(s['mean_overshoot_ground_truth'])} | {pct(s['worst_overshoot_ledger'])} "
+            f"| {min(s['usable_mean'], 1.0) * 100:.1f}%{'+' if s['usable_mean'] > 1 else ''} "
+            f"| {num(s['busy_per_tenant'], 0)} | {num(s['truncated_per_tenant'])} "
+            f"| {s['reserved_left_max']} | {s['tenant_runs']} |"
+        )
+    levels = sorted({c["concurrency"] for c in cells})
+    modes = [m for m in MODE_ORDER if any(c["mode"] == m for c in cells)]
+    by = {(c["mode"], c["concurrency"]): c for c in cells}
+    labels = {c["mode"]: c["label"] for c in cells}
+    header = "| Mode | " + " | ".join(f"{n} streams" for n in levels) + " |"
+    rule = "|---|" + "---|" * len(levels)
+    sweeps: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("Worst overshoot against ground truth", lambda s: pct(s["worst_overshoot_ground_truth"])),
+        (
+            "Budget usable (mean; ground truth / budget, capped at 100%)",
+            lambda s: f"{min(s['usable_mean'], 1.0) * 100:.1f}%",
+        ),
+        ("budget_busy rejections per tenant", lambda s: num(s["busy_per_tenant"], 0)),
+        ("Truncated streams per tenant", lambda s: num(s["truncated_per_tenant"])),
+    ]
+    for title, fmt in sweeps:
+        lines += ["", f"{title}:", "", header, rule]
+        for m in modes:
+            row = [fmt(by[(m, n)]["summary"]) if (m, n) in by else "—" for n in levels]
+            lines.append(f"| {labels[m]} | " + " | ".join(row) + " |")
+    runs = sorted({(c["concurrency"], c["runs"], c["tenants"]) for c in cells})
+    lines += [
+        "",
+        "Tenant-runs per cell: "
+        + ", ".join(f"{n} streams: {r} run{'s' if r > 1 else ''} x {t} tenants" for n, r, t in runs)
+        + ". Reserved tokens left after traffic stopped, across every cell: "
+        f"{max(c['summary']['reserved_left_max'] for c in cells)}. Client errors: "
+        f"{sum(c['summary']['errors'] for c in cells)}.",
+    ]
+    return "\n".join(lines)
+
+
+def overhead_tables(data: dict[str, Any], source: str) -> str:
+    """Added latency per load, saturation of one worker, Redis round trips per request."""
+    lines = [
+        f"One gateway worker process, open-loop, latency from each request's scheduled send "
+        f"time ({source}, {'complete' if data.get('complete') else 'INCOMPLETE'} run, "
+        f"commit `{(data['machine'].get('git_commit') or 'unknown')[:10]}`):",
+        "",
+        "| Load | Direct p50 / p99 | Through Hardcap p50 / p99 | Added p50 | Added p99 |",
+        "|---|---|---|---|---|",
+    ]
+    for a in data.get("added_latency", []):
+        kind = "" if a["kind"] == "non_stream" else f", streaming ({_tokens(data, a)} tokens)"
+        lines.append(
+            f"| {a['rate']:,.0f} req/s{kind} | {num(a['direct_p50_ms'], 2)} / "
+            f"{num(a['direct_p99_ms'], 2)} ms | {num(a['gateway_p50_ms'], 2)} / "
+            f"{num(a['gateway_p99_ms'], 2)} ms | {_ms(a['added_p50_ms'])} "
+            f"| {_ms(a['added_p99_ms'])} |"
+        )
+    lines += [
+        "",
+        "| Saturation of one worker | Parser in use | Highest sustained rate "
+        "| Closed-loop capacity |",
+        "|---|---|---|---|",
+    ]
+    for label, name in (("hiredis", "with hiredis"), ("no_hiredis", "without hiredis")):
+        s = data.get(f"saturation_{label}")
+        if not s:
+            continue
+        rate = s["sustained_max_rate"]
+        lines.append(
+            f"| {name} | `{data.get(f'parser_{label}', '?')}` | "
+            f"{'none of the rates tried' if rate is None else f'{rate:,.0f} req/s'} "
+            f"| {s['closed_loop']['requests_per_second']:,.0f} req/s |"
+        )
+    lines += [
+        "",
+        "| Redis round trips per request | Reply | Round trips | Of which EVALSHA |",
+        "|---|---|---|---|",
+    ]
+    for rt in data.get("round_trips", []):
+        what = f"{rt['route']}, {'streamed' if rt['stream'] else 'not streamed'}"
+        lines.append(
+            f"| {what} | {rt['reply_tokens']} tokens | {rt['round_trips_per_request']:.2f} "
+            f"| {rt['client_commands_per_request'].get('evalsha', 0):.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def goals_table(shoot: dict[str, Any] | None, head: dict[str, Any] | None) -> str:
+    """The published goals against what the result files say, met or missed."""
+    rows: list[tuple[str, str, str, bool | None]] = []
+    if shoot:
+        cells = shoot["cells"]
+        top = max(c["concurrency"] for c in cells)
+        at = {c["mode"]: c["summary"] for c in cells if c["concurrency"] == top}
+        t = at.get("p95_truncate")
+        if t:
+            w = t["worst_overshoot_ground_truth"]
+            rows += [
+                (
+                    f"Worst ground-truth overshoot, p95 + truncate, {top} streams",
+                    "<= +0.03%",
+                    f"{pct(w, 3)} ({t['worst_tokens_over_ground_truth']:+,} tok)",
+                    w <= 0.0003,
+                ),
+                (
+                    f"Ledger overshoot, p95 + truncate, {top} streams",
+                    "0",
+                    pct(t["worst_overshoot_ledger"], 3),
+                    t["worst_overshoot_ledger"] <= 0,
+                ),
+                (
+                    f"Budget usable, p95 + truncate, {top} streams",
+                    ">= 99%",
+                    f"{t['usable_mean'] * 100:.2f}% mean, {t['usable_min'] * 100:.2f}% worst",
+                    t["usable_mean"] >= 0.99,
+                ),
+            ]
+            m = at.get("max_tokens")
+            if m:
+                rows.append(
+                    (
+                        f"budget_busy per tenant, {top} streams",
+                        "far below max_tokens mode",
+                        f"{num(t['busy_per_tenant'], 0)} vs {num(m['busy_per_tenant'], 0)}",
+                        t["busy_per_tenant"] <= 0.5 * m["busy_per_tenant"],
+                    )
+                )
+        left = max(c["summary"]["reserved_left_max"] for c in cells)
+        rows.append(
+            ("Reserved tokens left after traffic stops, every cell", "0", str(left), left == 0)
+        )
+    if head and head.get("added_latency"):
+        sat = (head.get("saturation_hiredis") or {}).get("sustained_max_rate") or 0
+        below = [a for a in head["added_latency"] if a["kind"] == "non_stream" and a["rate"] < sat]
+        p50 = max((a["added_p50_ms"] for a in below), default=None)
+        p99 = max((a["added_p99_ms"] for a in below), default=None)
+        rows += [
+            (
+                "Added p50 below saturation (not streamed, worst rate)",
+                "<= 1 ms",
+                _ms(p50),
+                None if p50 is None else p50 <= 1.0,
+            ),
+            (
+                "Added p99 below saturation (not streamed, worst rate)",
+                "<= 2 ms",
+                _ms(p99),
+                None if p99 is None else p99 <= 2.0,
+            ),
+            ("Saturation of one worker (hiredis)", "stated", f"{sat:,.0f} req/s sustained", None),
+        ]
+    lines = ["| Goal | Target | Measured | |", "|---|---|---|---|"]
+    for goal, target, got, ok in rows:
+        mark = "—" if ok is None else ("met" if ok else "**missed**")
+        lines.append(f"| {goal} | {target} | {got} | {mark} |")
+    return "\n".join(lines)
+
+
+def _tokens(data: dict[str, Any], a: dict[str, Any]) -> int:
+    return int(data["parameters"].get("stream_tokens", 0))
+
+
+def _ms(x: float | None) -> str:
+    return "—" if x is None else f"{x:+.2f} ms"
+
+
+def replace_block(text: str, name: str, block: str) -> str:
+    """``text`` with the part between the ``name`` markers replaced; unchanged if absent."""
+    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
+    return pattern.sub(lambda _: f"{start}\n{block}\n{end}", text)
+
+
+def update(path: Path, blocks: dict[str, str]) -> bool:
+    """Rewrite ``path``'s marked blocks; True if the file changed."""
+    if not path.exists():
+        return False
+    old = path.read_text()
+    new = old
+    for name, block in blocks.items():
+        new = replace_block(new, name, block)
+    if new != old:
+        path.write_text(new)
+    return new != old
+
+
+def build(overshoot: Path | None, overhead: Path | None) -> dict[str, str]:
+    blocks = {}
+    shoot = json.loads(overshoot.read_text()) if overshoot and overshoot.exists() else None
+    head = json.loads(overhead.read_text()) if overhead and overhead.exists() else None
+    if shoot and overshoot:
+        blocks["overshoot"] = overshoot_tables(shoot, _rel(overshoot))
+    if head and overhead:
+        blocks["overhead"] = overhead_tables(head, _rel(overhead))
+    if shoot or head:
+        blocks["goals"] = goals_table(shoot, head)
+    return blocks
+
+
+def _rel(path: Path) -> str:
+    try:
+        return f"`{path.resolve().relative_to(ROOT)}`"
+    except ValueError:
+        return f"`{path.name}`"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--overshoot", type=Path, default=RESULTS / "overshoot.json")
+    p.add_argument("--overhead", type=Path, default=RESULTS / "overhead.json")
+    p.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    p.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    p.add_argument("--print-only", action="store_true")
+    ns = p.parse_args(argv)
+    blocks = build(ns.overshoot, ns.overhead)
+    for name, block in blocks.items():
+        print(f"<!-- bench:{name} -->\n{block}\n<!-- /bench:{name} -->\n")
+    if not ns.print_only:
+        for path in (ns.doc, ns.readme):
+            if update(path, blocks):
+                print(f"updated {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""Processes for the benchmarks: the mock upstream and ``hardcap serve`` gateways, one OS process
+each, next to a private Valkey (:class:`hardcap_core.valkey_local.LocalValkey`).
+
+Every server listens on 127.0.0.1 only. Gateways start through a tiny bootstrap
+(:data:`GATEWAY_BOOTSTRAP`) that can hide hiredis from redis-py before anything imports it, and
+that prints which RESP parser the first Redis connection really used, so a run can prove which
+parser it measured (:func:`parser_in_use`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from bench.machine import process_cpu_seconds
+from hardcap_core.auth import hash_key
+from hardcap_core.valkey_local import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+PARSER_LINE = "hardcap-bench: redis parser in use: "
+
+# redis-py picks its parser when `redis.utils` is imported (HIREDIS_AVAILABLE) and binds the
+# default into Connection.__init__'s signature, so patching afterwards does not work: the
+# module `hiredis` is hidden (sys.modules entry None makes `import hiredis` raise ImportError)
+# before redis is imported. `set_parser` is wrapped to report the class a connection really got.
+GATEWAY_BOOTSTRAP = f"""
+import os, sys
+PARSER_LINE = {PARSER_LINE!r}
+if os.environ.get("HARDCAP_BENCH_NO_HIREDIS") == "1":
+    sys.modules["hiredis"] = None
+import redis.asyncio.connection as _c
+_orig = _c.AbstractConnection.set_parser
+_seen = []
+def _set_parser(self, cls):
+    if not _seen:
+        _seen.append(cls)
+        print(PARSER_LINE + cls.__name__, flush=True)
+    return _orig(self, cls)
+_c.AbstractConnection.set_parser = _set_parser
+from hardcap_core.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@dataclass
+class Service:
+    """One server process started by a benchmark."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    url: str  # http://127.0.0.1:<port>
+    log: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU this process has used so far (Linux /proc)."""
+        return process_cpu_seconds(self.proc.pid)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, **extra}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def _launch(name: str, args: Sequence[str], port: int, log: Path, env: dict[str, str]) -> Service:
+    handle = log.open("wb")
+    try:
+        proc = subprocess.Popen(
+            list(args), stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT)
+        )
+    finally:
+        handle.close()  # the child has its own descriptor
+    service = Service(name, proc, f"http://127.0.0.1:{port}", log)
+    try:
+        wait_http(f"{service.url}/healthz", proc)
+    except BaseException:
+        service.stop()
+        raise
+    return service
+
+
+def start_mock(
+    tmp: Path,
+    *,
+    pace_ms: float,
+    seed: int,
+    median: int = 150,
+    sigma: float = 1.0,
+    nice: int = 0,
+) -> Service:
+    """``hardcap mock`` in its own process (so it does not share the load generator's GIL).
+
+    ``nice`` < 0 raises its CPU priority (needs CAP_SYS_NICE; see :func:`set_nice`).
+    """
+    port = free_port()
+    args = [
+        sys.executable,
+        "-m",
+        "hardcap_core.cli",
+        "mock",
+        "--port",
+        str(port),
+        "--pace-ms",
+        str(pace_ms),
+        "--seed",
+        str(seed),
+        "--median",
+        str(median),
+        "--sigma",
+        str(sigma),
+    ]
+    service = _launch("mock", args, port, tmp / f"mock-{port}.log", _env())
+    if nice:
+        set_nice(service.proc.pid, nice)
+    return service
+
+
+def set_nice(pid: int, nice: int) -> None:
+    """Set the scheduling priority of ``pid`` (-20 highest .. 19 lowest)."""
+    os.setpriority(os.PRIO_PROCESS, pid, nice)
+
+
+def get_nice(pid: int) -> int:
+    return os.getpriority(os.PRIO_PROCESS, pid)
+
+
+def start_gateway(
+    config: Path, tmp: Path, *, hiredis: bool = True, log_level: str = "WARNING"
+) -> Service:
+    """One ``hardcap serve`` process; ``hiredis=False`` hides the C parser from redis-py."""
+    port = free_port()
+    args = [sys.executable, "-c", GATEWAY_BOOTSTRAP, "serve", "-c", str(config)]
+    args += ["--port", str(port)]
+    env = _env(POWERTOOLS_LOG_LEVEL=log_level, HARDCAP_BENCH_NO_HIREDIS="0" if hiredis else "1")
+    return _launch("gateway", args, port, tmp / f"gateway-{port}.log", env)
+
+
+@contextmanager
+def gateways(data: dict[str, Any], count: int, tmp: Path, **kwargs: Any) -> Iterator[list[Service]]:
+    """``count`` gateway processes serving the config ``data``; stopped on exit."""
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with ExitStack() as stack:
+        started = []
+        for _ in range(count):
+            service = start_gateway(path, tmp, **kwargs)
+            stack.callback(service.stop)
+            started.append(service)
+        yield started
+
+
+def parser_in_use(service: Service, timeout_s: float = 5.0) -> str:
+    """The RESP parser class the gateway's first Redis connection used (after one request)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in service.log.read_text(errors="replace").splitlines():
+            if line.startswith(PARSER_LINE):
+                return line[len(PARSER_LINE) :].strip()
+        time.sleep(0.05)
+    return "unknown"
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not come up within {timeout_s} s")
+
+
+def tenant_key(tenant: str) -> str:
+    return f"sk-bench-{tenant}"
+
+
+def tenant_entry(tenant: str, budget: int, window: str) -> dict[str, Any]:
+    """A config tenant with one total_tokens budget and one key (:func:`tenant_key`)."""
+    return {
+        "id": tenant,
+        "budgets": [{"dimension": "total_tokens", "limit": budget, "window": window}],
+        "keys": [{"id": f"{tenant}-k", "hash": hash_key(tenant_key(tenant))}],
+    }
+
+
+def mock_route(name: str, **fields: Any) -> dict[str, Any]:
+    """A route to the mock's `mock-small` model."""
+    return {"name": name, "upstream": "mock", "model": "mock-small", **fields}
+
+
+def base_config(mock_url: str, redis_url: str, **gateway: Any) -> dict[str, Any]:
+    """A config with the mock as its only upstream and no routes or tenants yet."""
+    return {
+        "gateway": {"redis_url": redis_url, **gateway},
+        "upstreams": [{"name": "mock", "base_url": f"{mock_url}/v1", "timeout_seconds": 120}],
+        "routes": [],
+        "tenants": [],
+    }

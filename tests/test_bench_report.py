@@ -1,0 +1,134 @@
+"""bench/report.py turns result JSON into the same markdown every time, only between markers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench import report
+
+
+def _summary(worst: float, mean: float, usable: float, busy: float, cut: float) -> dict[str, Any]:
+    return {
+        "tenant_runs": 2,
+        "worst_overshoot_ground_truth": worst,
+        "mean_overshoot_ground_truth": mean,
+        "worst_overshoot_ledger": worst,
+        "worst_tokens_over_ground_truth": round(worst * 20_000),
+        "usable_mean": usable,
+        "usable_min": usable,
+        "busy_per_tenant": busy,
+        "truncated_per_tenant": cut,
+        "reserved_left_max": 0,
+        "errors": 0,
+    }
+
+
+def _cell(mode: str, label: str, concurrency: int, summary: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "mode": mode,
+        "label": label,
+        "concurrency": concurrency,
+        "runs": 1,
+        "tenants": 2,
+        "summary": summary,
+    }
+
+
+OVERSHOOT: dict[str, Any] = {
+    "complete": True,
+    "machine": {"git_commit": "0123456789abcdef", "cpu_count": 2},
+    "parameters": {"budget_tokens": 20_000, "gateway_processes": 3, "mock_pace_ms": 10.0},
+    "cells": [
+        _cell(
+            "p95_truncate", "Reserve p95, truncate", 128, _summary(0.0003, -0.001, 0.99, 12, 1.5)
+        ),
+        _cell("count_after", "Count after the fact", 128, _summary(2.343, 2.1, 3.2, 0, 0)),
+        _cell("count_after", "Count after the fact", 8, _summary(0.12, 0.1, 1.1, 0, 0)),
+        _cell("p95_truncate", "Reserve p95, truncate", 8, _summary(-0.002, -0.003, 0.997, 1, 1)),
+    ],
+}
+OVERHEAD: dict[str, Any] = {
+    "complete": True,
+    "machine": {"git_commit": "0123456789abcdef"},
+    "parameters": {"stream_tokens": 20},
+    "added_latency": [
+        {
+            "kind": "non_stream",
+            "rate": 100.0,
+            "direct_p50_ms": 1.0,
+            "direct_p99_ms": 2.0,
+            "gateway_p50_ms": 1.8,
+            "gateway_p99_ms": 3.5,
+            "added_p50_ms": 0.8,
+            "added_p99_ms": 1.5,
+        },
+    ],
+    "parser_hiredis": "_AsyncHiredisParser",
+    "saturation_hiredis": {
+        "sustained_max_rate": 400.0,
+        "closed_loop": {"requests_per_second": 455.5},
+    },
+    "round_trips": [
+        {
+            "route": "p95",
+            "stream": False,
+            "reply_tokens": 1,
+            "round_trips_per_request": 3.0,
+            "client_commands_per_request": {"evalsha": 3.0},
+        },
+    ],
+}
+
+
+def _files(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
+    shoot, head = tmp_path / "overshoot.json", tmp_path / "overhead.json"
+    shoot.write_text(json.dumps(OVERSHOOT))
+    head.write_text(json.dumps(OVERHEAD))
+    doc, readme = tmp_path / "benchmarks.md", tmp_path / "README.md"
+    doc.write_text(
+        "# Benchmarks\n\nintro\n\n<!-- bench:overshoot -->\nstale\n<!-- /bench:overshoot -->\n\n"
+        "middle\n\n<!-- bench:overhead -->\n<!-- /bench:overhead -->\n\nend\n"
+    )
+    readme.write_text("# Hardcap\n\nNo benchmark markers here.\n")
+    return shoot, head, doc, readme
+
+
+def _run(shoot: Path, head: Path, doc: Path, readme: Path) -> None:
+    args = ["--overshoot", str(shoot), "--overhead", str(head), "--doc", str(doc)]
+    assert report.main([*args, "--readme", str(readme)]) == 0
+
+
+def test_tables_come_from_the_json_and_only_replace_the_marked_blocks(tmp_path: Path) -> None:
+    shoot, head, doc, readme = _files(tmp_path)
+    _run(shoot, head, doc, readme)
+    text = doc.read_text()
+    assert text.startswith("# Benchmarks\n\nintro\n\n<!-- bench:overshoot -->\n128 streams")
+    assert "stale" not in text
+    assert "\n<!-- /bench:overshoot -->\n\nmiddle\n\n<!-- bench:overhead -->\n" in text
+    assert text.endswith("<!-- /bench:overhead -->\n\nend\n")
+    # Highest concurrency first in the headline table; figures as the JSON has them.
+    headline = text.split("\n\n")[3]
+    assert headline.index("Count after the fact") < headline.index("Reserve p95, truncate")
+    assert "| Count after the fact | **+234.30%** (+46,860 tok) | +210.00% |" in text
+    assert "| Reserve p95, truncate | **+0.03%** (+6 tok) |" in text
+    assert "| Reserve p95, truncate | -0.20% | +0.03% |" in text  # the sweep, 8 then 128
+    assert "| 100 req/s | 1.00 / 2.00 ms | 1.80 / 3.50 ms | +0.80 ms | +1.50 ms |" in text
+    assert "| with hiredis | `_AsyncHiredisParser` | 400 req/s | 456 req/s |" in text
+    assert readme.read_text() == "# Hardcap\n\nNo benchmark markers here.\n"
+
+
+def test_regenerating_is_deterministic_and_updates_readme_blocks(tmp_path: Path) -> None:
+    shoot, head, doc, readme = _files(tmp_path)
+    readme.write_text("top\n<!-- bench:overshoot -->\nold\n<!-- /bench:overshoot -->\nbottom\n")
+    _run(shoot, head, doc, readme)
+    first_doc, first_readme = doc.read_bytes(), readme.read_bytes()
+    _run(shoot, head, doc, readme)
+    assert doc.read_bytes() == first_doc
+    assert readme.read_bytes() == first_readme
+    block = report.overshoot_tables(OVERSHOOT, "`overshoot.json`")
+    assert (
+        readme.read_text()
+        == f"top\n<!-- bench:overshoot -->\n{block}\n<!-- /bench:overshoot -->\nbottom\n"
+    )
