@@ -23,7 +23,7 @@ test: lint
 	$(BIN)/python -m pytest -q
 
 bench-quick: $(BIN)/.installed
-	$(BIN)/python bench/overshoot.py --quick
+	PYTHONPATH=. $(BIN)/python bench/overshoot.py --quick --check
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

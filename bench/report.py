@@ -1,10 +1,10 @@
 """Markdown tables from the benchmark result files, written between markers, never by hand.
 
-Reads bench/results/overshoot.json and bench/results/overhead.json and replaces the blocks
-between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (NAME: overshoot, overhead, goals)
+Reads bench/results/{overshoot,overhead,ledger}.json and replaces the blocks between
+``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (NAME: ledger, overshoot, overhead, goals)
 in docs/benchmarks.md, and in README.md where those markers exist (nothing else in either file
-changes). Prints the tables too. The output depends only
-on the JSON: the same files always give the same bytes.
+changes). Prints the tables too. The output depends only on the JSON: the same files always
+give the same bytes.
 
     PYTHONPATH=. /tmp/venv/bin/python bench/report.py
     PYTHONPATH=. /tmp/venv/bin/python bench/report.py --print-only \
@@ -261,8 +261,38 @@ def update(path: Path, blocks: dict[str, str]) -> bool:
     return new != old
 
 
-def build(overshoot: Path | None, overhead: Path | None) -> dict[str, str]:
+def ledger_tables(data: dict[str, Any], source: str) -> str:
+    """Admit+settle throughput from one process, and the server's own cost per script call."""
+    rows = [
+        "| parser | calls in flight | admit+settle pairs/s | pair p50 ms | pair p99 ms |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for t in data["results"]["throughput"]:
+        rows.append(
+            f"| {t['parser']} | {t['inflight']} | {t['pairs_per_s']:.0f} "
+            f"| {t['pair_ms_p50']:.2f} | {t['pair_ms_p99']:.2f} |"
+        )
+    rows += ["", "| script | server µs per call |", "|---|---:|"]
+    for name, v in data["results"]["server"].items():
+        rows.append(f"| {name} | {v['usec_per_call']:.0f} |")
+    m = data["machine"]
+    cpu = m.get("cpu_model") or m.get("cpu") or "?"
+    rows += [
+        "",
+        f"From {source}, made by `{data['command']}` on {data['created'][:10]} "
+        f"({cpu}, {m.get('cores', m.get('cpu_count', '?'))} cores; load average "
+        f"{[round(x, 1) for x in data.get('load_average_before') or []]}: a shared machine, so "
+        "read these as rough).",
+    ]
+    return "\n".join(rows)
+
+
+def build(
+    overshoot: Path | None, overhead: Path | None, ledger: Path | None = None
+) -> dict[str, str]:
     blocks = {}
+    if ledger and ledger.exists():
+        blocks["ledger"] = ledger_tables(json.loads(ledger.read_text()), _rel(ledger))
     shoot = json.loads(overshoot.read_text()) if overshoot and overshoot.exists() else None
     head = json.loads(overhead.read_text()) if overhead and overhead.exists() else None
     if shoot and overshoot:
@@ -285,11 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--overshoot", type=Path, default=RESULTS / "overshoot.json")
     p.add_argument("--overhead", type=Path, default=RESULTS / "overhead.json")
+    p.add_argument("--ledger", type=Path, default=RESULTS / "ledger.json")
     p.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     p.add_argument("--readme", type=Path, default=ROOT / "README.md")
     p.add_argument("--print-only", action="store_true")
     ns = p.parse_args(argv)
-    blocks = build(ns.overshoot, ns.overhead)
+    blocks = build(ns.overshoot, ns.overhead, ns.ledger)
     for name, block in blocks.items():
         print(f"<!-- bench:{name} -->\n{block}\n<!-- /bench:{name} -->\n")
     if not ns.print_only:
