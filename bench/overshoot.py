@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 import sys
 import tempfile
@@ -84,6 +85,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--guard", type=int, help="gateway.truncate_guard_tokens (default: 4)")
     p.add_argument("--time-limit", type=float, default=900.0, help="s per tenant-run, at most")
     p.add_argument("--seed", type=int, default=7, help="mock seed and client seeds")
+    p.add_argument("--resume", action="store_true", help="keep the cells --out already has")
     ns = p.parse_args(argv)
     if ns.quick:
         ns.tenants, ns.runs, ns.warmup = 2, 1, 500
@@ -113,6 +115,23 @@ def batches_of(mode: Mode, concurrency: int, runs: int, ns: argparse.Namespace) 
             ]
             out.append(Batch(mode, concurrency, run, group, seeds))
     return out
+
+
+def resumable_cells(out: Path, parameters: dict[str, Any]) -> list[dict[str, Any]]:
+    """Cells of an interrupted run in ``out`` made with the same parameters (else none)."""
+    if not out.exists():
+        return []
+    old = json.loads(out.read_text())
+    volatile = {"budget_window", "mock_nice"}
+    same = {k: v for k, v in old.get("parameters", {}).items() if k not in volatile} == {
+        k: v for k, v in parameters.items() if k not in volatile
+    }
+    if not same or old.get("complete"):
+        print(f"not resuming {out}: other parameters, or already complete", file=sys.stderr)
+        return []
+    cells: list[dict[str, Any]] = old["cells"]
+    print(f"resuming {out}: {len(cells)} cells done", file=sys.stderr)
+    return cells
 
 
 def check(cells: list[dict[str, Any]]) -> dict[str, Any]:
@@ -190,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         ],
         "cells": [],
     }
+    if ns.resume:
+        result["cells"] = resumable_cells(out, result["parameters"])
+    done = {(c["mode"], c["concurrency"]) for c in result["cells"]}
+    cells_plan = [c for c in cells_plan if (c[0].name, c[1]) not in done]
+    all_batches = [(b, runs) for m, c, runs in cells_plan for b in batches_of(m, c, runs, ns)]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hardcap-overshoot-") as tmp_name:
         tmp = Path(tmp_name)

@@ -134,9 +134,18 @@ def start_mock(
     return service
 
 
-def set_nice(pid: int, nice: int) -> None:
-    """Set the scheduling priority of ``pid`` (-20 highest .. 19 lowest)."""
-    os.setpriority(os.PRIO_PROCESS, pid, nice)
+def set_nice(pid: int, nice: int) -> bool:
+    """Set the scheduling priority of ``pid`` (-20 highest .. 19 lowest); False if not allowed.
+
+    Raising a priority needs root or CAP_SYS_NICE; without it the process keeps the default
+    and the caller records what it really got (:func:`get_nice`).
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    except PermissionError:
+        print(f"bench: may not set nice {nice} for pid {pid}; it keeps its priority", flush=True)
+        return False
+    return True
 
 
 def get_nice(pid: int) -> int:
