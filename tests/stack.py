@@ -34,27 +34,63 @@ def config_data(mock_url: str, redis_url: str, **overrides: Any) -> dict[str, An
         "gateway": {"redis_url": redis_url, "max_body_bytes": 200_000},
         "upstreams": [{"name": "mock", "base_url": f"{mock_url}/v1", "timeout_seconds": 5}],
         "routes": [
-            {"name": "small", "upstream": "mock", "model": "mock-small", "price": price,
-             "max_output_tokens": 1024},
-            {"name": "reason", "upstream": "mock", "model": "mock-reason", "price": price,
-             "max_output_tokens": 2048},
-            {"name": "p95", "upstream": "mock", "model": "mock-small", "price": price,
-             "estimator": {"kind": "p95", "min_samples": 20}, "max_output_tokens": 1024},
-            {"name": "allow", "upstream": "mock", "model": "mock-small", "price": price,
-             "policy": "allow", "max_output_tokens": 1024},
+            {
+                "name": "small",
+                "upstream": "mock",
+                "model": "mock-small",
+                "price": price,
+                "max_output_tokens": 1024,
+            },
+            {
+                "name": "reason",
+                "upstream": "mock",
+                "model": "mock-reason",
+                "price": price,
+                "max_output_tokens": 2048,
+            },
+            {
+                "name": "p95",
+                "upstream": "mock",
+                "model": "mock-small",
+                "price": price,
+                "estimator": {"kind": "p95", "min_samples": 20},
+                "max_output_tokens": 1024,
+            },
+            {
+                "name": "allow",
+                "upstream": "mock",
+                "model": "mock-small",
+                "price": price,
+                "policy": "allow",
+                "max_output_tokens": 1024,
+            },
         ],
-        "orgs": [{"id": "acme", "budgets": [
-            {"dimension": "total_tokens", "limit": 10_000_000, "window": "day"}]}],
+        "orgs": [
+            {
+                "id": "acme",
+                "budgets": [{"dimension": "total_tokens", "limit": 10_000_000, "window": "day"}],
+            }
+        ],
         "tenants": [
-            {"id": "alpha", "org": "acme",
-             "budgets": [{"dimension": "total_tokens", "limit": 1_000_000, "window": "day"}],
-             "keys": [{"id": "alpha-k", "hash": hash_key(KEYS["alpha"])}]},
-            {"id": "beta", "org": "acme", "routes": ["small"],
-             "budgets": [{"dimension": "output_tokens", "limit": 1_000_000, "window": "day"}],
-             "keys": [{"id": "beta-k", "hash": hash_key(KEYS["beta"])}]},
-            {"id": "open", "fail_mode": "open",
-             "budgets": [{"dimension": "total_tokens", "limit": 1_000_000, "window": "day"}],
-             "keys": [{"id": "open-k", "hash": hash_key(KEYS["open"])}]},
+            {
+                "id": "alpha",
+                "org": "acme",
+                "budgets": [{"dimension": "total_tokens", "limit": 1_000_000, "window": "day"}],
+                "keys": [{"id": "alpha-k", "hash": hash_key(KEYS["alpha"])}],
+            },
+            {
+                "id": "beta",
+                "org": "acme",
+                "routes": ["small"],
+                "budgets": [{"dimension": "output_tokens", "limit": 1_000_000, "window": "day"}],
+                "keys": [{"id": "beta-k", "hash": hash_key(KEYS["beta"])}],
+            },
+            {
+                "id": "open",
+                "fail_mode": "open",
+                "budgets": [{"dimension": "total_tokens", "limit": 1_000_000, "window": "day"}],
+                "keys": [{"id": "open-k", "hash": hash_key(KEYS["open"])}],
+            },
         ],
     }
     for path, value in overrides.items():
@@ -75,9 +111,15 @@ def _set(data: dict[str, Any], path: str, value: Any) -> None:
 
 
 class Mock:
-    def __init__(self, settings: MockSettings) -> None:
-        self.server = ThreadServer(create_mock_app(settings), free_port()).start()
-        self.url = self.server.url
+    """The mock upstream in a thread of this process, or (``url``) one running elsewhere."""
+
+    def __init__(self, settings: MockSettings | None = None, *, url: str | None = None) -> None:
+        self.server = (
+            None
+            if url
+            else ThreadServer(create_mock_app(settings or MockSettings()), free_port()).start()
+        )
+        self.url = url or self.server.url  # type: ignore[union-attr]
         self.http = httpx.Client(base_url=self.url, timeout=10)
 
     def reset(self) -> None:
@@ -95,7 +137,8 @@ class Mock:
 
     def stop(self) -> None:
         self.http.close()
-        self.server.stop()
+        if self.server is not None:
+            self.server.stop()
 
 
 @contextmanager

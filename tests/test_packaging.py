@@ -84,7 +84,13 @@ def test_installed_wheel_finds_and_runs_its_scripts(
         z.extractall(site)
     # Dependencies from this interpreter's path, but neither the repo nor an editable install
     # of it: -S skips .pth files, -P the script directory, cwd is not the repo.
-    deps = [p for p in sys.path if p and not Path(p).resolve().is_relative_to(REPO)]
+    # Dependencies stay importable (a venv may live inside the checkout, as .venv does in CI);
+    # the source tree itself, and the editable install's path hook to it, must not.
+    deps = [
+        p
+        for p in sys.path
+        if p and (not Path(p).resolve().is_relative_to(REPO) or "site-packages" in Path(p).parts)
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *deps])}
     done = subprocess.run(
         [sys.executable, "-S", "-P", "-c", PROBE, valkey.url],
