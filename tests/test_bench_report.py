@@ -116,7 +116,7 @@ def test_tables_come_from_the_json_and_only_replace_the_marked_blocks(tmp_path: 
     assert "| Reserve p95, truncate | **+0.03%** (+6 tok) |" in text
     assert "| Reserve p95, truncate | -0.20% | +0.03% |" in text  # the sweep, 8 then 128
     assert "| 100 req/s | 1.00 / 2.00 ms | 1.80 / 3.50 ms | +0.80 ms | +1.50 ms |" in text
-    assert "| with hiredis | `_AsyncHiredisParser` | 400 req/s | — | — | 456 req/s |" in text
+    assert "| with hiredis | `_AsyncHiredisParser` | 400 req/s | 456 req/s |" in text
     assert readme.read_text() == "# Hardcap\n\nNo benchmark markers here.\n"
 
 
