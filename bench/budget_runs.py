@@ -180,7 +180,12 @@ def ground_truth(mock_url: str, tenants: list[str], settle_s: float = 30.0) -> d
 
 
 def run_batch(
-    batch: Batch, urls: list[str], mock_url: str, redis_url: str, time_limit_s: float
+    batch: Batch,
+    urls: list[str],
+    mock_url: str,
+    redis_url: str,
+    time_limit_s: float,
+    busy_pause_s: tuple[float, float] = (0.05, 0.3),
 ) -> None:
     """Fresh state, the batch's tenants spend their budgets at once, then read both sides."""
     flush_tenants(redis_url)
@@ -197,6 +202,7 @@ def run_batch(
                     model=batch.mode.name,
                     max_tokens=MAX_TOKENS,
                     time_limit_s=time_limit_s,
+                    busy_pause_s=busy_pause_s,
                     seed=seed,
                 )
                 for t, seed in zip(batch.tenants, batch.seeds, strict=True)

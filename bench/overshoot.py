@@ -59,6 +59,7 @@ from hardcap_core.valkey_local import LocalValkey
 RESULTS = Path(__file__).resolve().parent / "results"
 QUICK_CELLS = (("p95_truncate", 128), ("p95_truncate", 8), ("count_after", 128))
 CHECK_MAX_OVERSHOOT = 0.005
+CONTENDED = 0.25  # share of the machine other processes took during a batch: run it again
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -86,10 +87,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--time-limit", type=float, default=900.0, help="s per tenant-run, at most")
     p.add_argument("--seed", type=int, default=7, help="mock seed and client seeds")
     p.add_argument("--resume", action="store_true", help="keep the cells --out already has")
+    p.add_argument(
+        "--busy-pause",
+        type=_pause,
+        default=(0.05, 0.3),
+        help="seconds a client waits after budget_busy, uniform in LOW,HIGH (Retry-After says 1)",
+    )
+    p.add_argument(
+        "--contended-retries",
+        type=int,
+        default=2,
+        help="runs of a batch again "
+        "while other processes took more than a quarter of the machine meanwhile",
+    )
     ns = p.parse_args(argv)
     if ns.quick:
         ns.tenants, ns.runs, ns.warmup = 2, 1, 500
     return ns
+
+
+def _pause(text: str) -> tuple[float, float]:
+    low, high = (float(x) for x in text.split(","))
+    return low, high
 
 
 def plan_cells(ns: argparse.Namespace) -> list[tuple[Mode, int, int]]:
@@ -190,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_streams_together": ns.max_streams,
             "p95_warmup_replies": ns.warmup,
             "time_limit_s_per_tenant_run": ns.time_limit,
-            "client_busy_pause_s": [0.05, 0.3],
+            "client_busy_pause_s": list(ns.busy_pause),
             "routes": {m.name: {"label": m.label, **m.route} for m in modes},
         },
         "notes": [
@@ -203,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
             "The mock runs at a higher CPU priority (mock_nice) so that, like a provider on "
             "its own hardware, it keeps its pace when the gateways load the machine; falling "
             "behind would make it send tokens in bursts when it catches up.",
+            "A batch during which other processes took more than 25% of the machine is run "
+            "again (at most --contended-retries times; the p95 sample keeps what the discarded "
+            "attempt taught it); each tenant-run records other_processes_share and "
+            "contended_retries.",
             "Tenants of a run go together while their streams add up to at most "
             f"{ns.max_streams}; otherwise one tenant at a time, so the 2-core machine is not "
             "asked for more tokens per second than it can pace.",
@@ -267,11 +290,20 @@ def run_cell(
     watch = CpuWatch(pids).start()
     batches = batches_of(mode, conc, runs, ns)
     for batch in batches:
-        batch_watch = CpuWatch(pids).start()
-        run_batch(batch, urls, mock_url, redis_url, ns.time_limit)
-        share = batch_watch.stop()["other_share"]
+        retries = 0
+        while True:
+            batch.results = []
+            batch_watch = CpuWatch(pids).start()
+            run_batch(batch, urls, mock_url, redis_url, ns.time_limit, ns.busy_pause)
+            share = batch_watch.stop()["other_share"]
+            # Other work that takes a real share of the CPU makes the gateways lag behind the
+            # upstream, which is what puts tokens in flight past a budget: run it again.
+            if share is None or share <= CONTENDED or retries >= ns.contended_retries:
+                break
+            retries += 1
         for r in batch.results:
             r["other_processes_share"] = share  # how contended the machine was meanwhile
+            r["contended_retries"] = retries
         bar.update(len(batch.tenants))
     results = [r for b in batches for r in b.results]
     return {

@@ -135,17 +135,20 @@ def overhead_tables(data: dict[str, Any], source: str) -> str:
     lines += [
         "",
         "| Saturation of one worker | Parser in use | Highest sustained rate "
-        "| Closed-loop capacity |",
-        "|---|---|---|---|",
+        "| Gateway CPU per request there | Next rate tried | Closed-loop capacity |",
+        "|---|---|---|---|---|---|",
     ]
     for label, name in (("hiredis", "with hiredis"), ("no_hiredis", "without hiredis")):
         s = data.get(f"saturation_{label}")
         if not s:
             continue
         rate = s["sustained_max_rate"]
+        at = [b for b in s.get("blocks", []) if b.get("rate") == rate]
+        after = [b for b in s.get("blocks", []) if rate is not None and b.get("rate", 0) > rate]
         lines.append(
             f"| {name} | `{data.get(f'parser_{label}', '?')}` | "
             f"{'none of the rates tried' if rate is None else f'{rate:,.0f} req/s'} "
+            f"| {_cpu_per_request(at[0]) if at else '—'} | {_collapse(after[0]) if after else '—'} "
             f"| {s['closed_loop']['requests_per_second']:,.0f} req/s |"
         )
     lines += [
@@ -231,6 +234,20 @@ def goals_table(shoot: dict[str, Any] | None, head: dict[str, Any] | None) -> st
         mark = "—" if ok is None else ("met" if ok else "**missed**")
         lines.append(f"| {goal} | {target} | {got} | {mark} |")
     return "\n".join(lines)
+
+
+def _cpu_per_request(b: dict[str, Any]) -> str:
+    cpu = sum(v for k, v in b.get("cpu", {}).get("cpu_seconds", {}).items() if "gateway" in k)
+    return f"{cpu / b['ok'] * 1000:.1f} ms" if b.get("ok") else "—"
+
+
+def _collapse(b: dict[str, Any]) -> str:
+    """What the first rate past the sustained one did: completions/s, p50, failures."""
+    fails = sum(b.get("failures", {}).values())
+    return (
+        f"{b['rate']:,.0f} req/s offered: {num(b.get('achieved_per_second'), 0)} completed/s, "
+        f"p50 {num(b.get('p50_ms'), 0)} ms, {fails} failed"
+    )
 
 
 def _tokens(data: dict[str, Any], a: dict[str, Any]) -> int:

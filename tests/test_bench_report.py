@@ -68,6 +68,16 @@ OVERHEAD: dict[str, Any] = {
     "parser_hiredis": "_AsyncHiredisParser",
     "saturation_hiredis": {
         "sustained_max_rate": 400.0,
+        "blocks": [
+            {"rate": 400.0, "ok": 4000, "cpu": {"cpu_seconds": {"gateway-1": 8.0, "mock": 2.0}}},
+            {
+                "rate": 500.0,
+                "ok": 3000,
+                "achieved_per_second": 300.0,
+                "p50_ms": 900.0,
+                "failures": {"timeout": 12},
+            },
+        ],
         "closed_loop": {"requests_per_second": 455.5},
     },
     "round_trips": [
@@ -116,7 +126,10 @@ def test_tables_come_from_the_json_and_only_replace_the_marked_blocks(tmp_path: 
     assert "| Reserve p95, truncate | **+0.03%** (+6 tok) |" in text
     assert "| Reserve p95, truncate | -0.20% | +0.03% |" in text  # the sweep, 8 then 128
     assert "| 100 req/s | 1.00 / 2.00 ms | 1.80 / 3.50 ms | +0.80 ms | +1.50 ms |" in text
-    assert "| with hiredis | `_AsyncHiredisParser` | 400 req/s | 456 req/s |" in text
+    assert (
+        "| with hiredis | `_AsyncHiredisParser` | 400 req/s | 2.0 ms "
+        "| 500 req/s offered: 300 completed/s, p50 900 ms, 12 failed | 456 req/s |"
+    ) in text
     assert readme.read_text() == "# Hardcap\n\nNo benchmark markers here.\n"
 
 
