@@ -185,7 +185,7 @@ def run_batch(
     mock_url: str,
     redis_url: str,
     time_limit_s: float,
-    busy_pause_s: tuple[float, float] = (0.05, 0.3),
+    busy_pause_s: tuple[float, float] | None = None,
 ) -> None:
     """Fresh state, the batch's tenants spend their budgets at once, then read both sides."""
     flush_tenants(redis_url)

@@ -2,7 +2,8 @@
 
 A tenant's clients run ``concurrency`` streams at once, round-robin over the gateway URLs, each
 starting a new request as soon as the last ends, until the budget answers ``budget_exceeded``.
-``budget_busy`` is retried after a short jittered pause, as a well-behaved client would.
+``budget_busy`` and ``rate_limited`` are retried after the gateway's ``retry-after-ms`` (or
+``retry-after``) with 0-20 % jitter, as the official SDKs do, unless a fixed pause is given.
 :func:`drive_tenant` speaks raw SSE over :mod:`bench.http1` (a lean keep-alive client: the
 load generator must not be the bottleneck on a 2-core machine) and parses only the last few
 events of each stream (the finish chunk, the usage chunk, or an error event).
@@ -132,13 +133,14 @@ async def drive_tenant(
     model: str,
     max_tokens: int,
     time_limit_s: float = 120.0,
-    busy_pause_s: tuple[float, float] = (0.05, 0.3),
+    busy_pause_s: tuple[float, float] | None = None,
     seed: int = 0,
 ) -> TenantRun:
     """Spend ``tenant``'s budget with ``concurrency`` streams until it is exceeded.
 
     Stops starting requests at the first ``budget_exceeded`` or after ``time_limit_s``;
-    streams already running finish.
+    streams already running finish. After a 429 a client waits ``busy_pause_s`` (uniform in
+    LOW, HIGH) if given, else what the response's Retry-After headers say.
     """
     run = TenantRun(tenant)
     rng = random.Random(seed)
@@ -147,6 +149,11 @@ async def drive_tenant(
     body = json.dumps(chat_body(tenant, model, max_tokens)).encode()
     clients = [Client(url, max_connections=concurrency) for url in urls]
 
+    def pause(headers: dict[str, str]) -> float:
+        if busy_pause_s is not None:
+            return rng.uniform(*busy_pause_s)
+        return retry_after_s(headers) * rng.uniform(1.0, 1.2)
+
     async def worker(i: int) -> None:
         n = i
         while not done.is_set() and time.monotonic() - started < time_limit_s:
@@ -154,10 +161,11 @@ async def drive_tenant(
             n += 1
             try:
                 async with asyncio.timeout(REQUEST_TIMEOUT_S):
-                    outcome, tokens, _ = await stream_raw(client, key, body, max_tokens)
+                    outcome, tokens, headers = await stream_raw(client, key, body, max_tokens)
                 sample = outcome
             except (OSError, ProtocolError, asyncio.IncompleteReadError, TimeoutError) as e:
                 outcome, tokens, sample = "transport_error", 0, repr(e)
+                headers = {}
             run.requests += 1
             run.output_tokens_seen += tokens
             if outcome == "completed":
@@ -168,13 +176,13 @@ async def drive_tenant(
                 run.capped += 1
             elif outcome == "budget_busy":
                 run.busy += 1
-                await asyncio.sleep(rng.uniform(*busy_pause_s))
+                await asyncio.sleep(pause(headers))
             elif outcome == "budget_exceeded":
                 run.exceeded += 1
                 done.set()
             elif outcome == "rate_limited":
                 run.rate_limited += 1
-                await asyncio.sleep(rng.uniform(*busy_pause_s))
+                await asyncio.sleep(pause(headers))
             else:
                 run.errors += 1
                 if len(run.error_samples) < 5:
@@ -188,6 +196,16 @@ async def drive_tenant(
             await client.aclose()
     run.seconds = round(time.monotonic() - started, 3)
     return run
+
+
+def retry_after_s(headers: dict[str, str], default: float = 1.0) -> float:
+    """Seconds a 429 asks the client to wait: ``retry-after-ms`` first, then ``retry-after``."""
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        try:
+            return max(0.0, float(headers[name]) / scale)
+        except (KeyError, ValueError):
+            continue
+    return default
 
 
 def reserved_left(url: str, key: str) -> int:

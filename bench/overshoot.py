@@ -90,8 +90,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--busy-pause",
         type=_pause,
-        default=(0.05, 0.3),
-        help="seconds a client waits after budget_busy, uniform in LOW,HIGH (Retry-After says 1)",
+        default=None,
+        help="seconds a client waits after budget_busy, uniform in LOW,HIGH "
+        "(default: what Retry-After says, plus 0-20%% jitter, as the SDKs do)",
     )
     p.add_argument(
         "--contended-retries",
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_streams_together": ns.max_streams,
             "p95_warmup_replies": ns.warmup,
             "time_limit_s_per_tenant_run": ns.time_limit,
-            "client_busy_pause_s": list(ns.busy_pause),
+            "client_busy_pause_s": list(ns.busy_pause) if ns.busy_pause else "retry-after",
             "routes": {m.name: {"label": m.label, **m.route} for m in modes},
         },
         "notes": [

@@ -77,10 +77,11 @@ class StreamRelay:
             self._response = response
             parser = sse.SSEParser()
             async for piece in self._pieces(response):
-                events = list(parser.feed(piece))
-                self.meter.note_read(len(events))
-                for data in events:
-                    out = await self._on_event(data)
+                # Count the whole read first: the meter decides knowing what is in hand.
+                events = [self._decode(data) for data in parser.feed(piece)]
+                self.meter.note_read(sum(tokens for _, tokens in events))
+                for event, tokens in events:
+                    out = await self._on_event(event, tokens)
                     if self._stop:
                         async for tail in self._finish():
                             yield tail
@@ -88,7 +89,9 @@ class StreamRelay:
                     if out:
                         yield out
             for data in parser.flush():
-                out = await self._on_event(data)
+                event, tokens = self._decode(data)
+                self.meter.note_read(tokens)
+                out = await self._on_event(event, tokens)
                 if out and not self._stop:
                     yield out
         # The provider closed without [DONE], or the deadline came: settle what we saw.
@@ -113,16 +116,26 @@ class StreamRelay:
                 return
             yield piece
 
-    async def _on_event(self, data: str) -> bytes | None:
+    def _decode(self, data: str) -> tuple[dict[str, Any] | str, int]:
+        """An event as (chunk, billed tokens), or (the raw text, 0) for [DONE] and bad JSON."""
         if data == sse.DONE:
-            self._stop = True
-            return None
+            return data, 0
         try:
             chunk = json.loads(data)
         except json.JSONDecodeError:
-            raise UpstreamFailed("The provider sent a malformed stream event.") from None
+            return data, 0
         if not isinstance(chunk, dict):
+            return {}, 0
+        if not chunk.get("choices") or "error" in chunk:
+            return chunk, 0
+        return chunk, delta_tokens(chunk, self.chars_per_token)
+
+    async def _on_event(self, chunk: dict[str, Any] | str, tokens: int) -> bytes | None:
+        if chunk == sse.DONE:
+            self._stop = True
             return None
+        if isinstance(chunk, str):
+            raise UpstreamFailed("The provider sent a malformed stream event.")
         if "error" in chunk:
             message = (chunk["error"] or {}).get("message", "provider error")
             raise UpstreamFailed(f"The provider failed mid-stream: {message}")
@@ -138,7 +151,6 @@ class StreamRelay:
             self.outcome = "deadline"
             self._stop = True
             return None
-        tokens = delta_tokens(chunk, self.chars_per_token)
         if tokens and not await self.meter.make_room(tokens):
             self.outcome = "truncated"
             self._stop = True

@@ -52,8 +52,7 @@ def test_128_streams_3_processes_hold_the_budget(
                 max_tokens=1024,
                 time_limit_s=90,
                 # Clients honour Retry-After (1 s on budget_busy, jittered) as the OpenAI SDK
-                # does; clients hammering 429s every few ms only starve this 2-core machine.
-                busy_pause_s=(0.5, 1.5),
+                # does (the default of drive_tenant).
             )
         )
         truth = mock.truth("alpha", settle_s=10)
