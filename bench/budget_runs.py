@@ -162,7 +162,7 @@ class Batch:
 
     mode: Mode
     concurrency: int
-    run: int
+    runs: list[int]  # the run each tenant belongs to
     tenants: list[str]
     seeds: list[int]
     results: list[dict[str, Any]] = field(default_factory=list)
@@ -211,7 +211,7 @@ def run_batch(
 
     runs = asyncio.run(drive())
     truth = ground_truth(mock_url, batch.tenants)
-    for run in runs:
+    for run, run_index in zip(runs, batch.runs, strict=True):
         rows = [
             r for r in usage_rows(urls[0], stack.tenant_key(run.tenant)) if r["id"] == run.tenant
         ]
@@ -220,7 +220,7 @@ def run_batch(
         total = int(gt.get("total_tokens", 0))
         batch.results.append(
             {
-                "run": batch.run,
+                "run": run_index,
                 "tenant": run.tenant,
                 "budget": BUDGET,
                 "ground_truth": gt,

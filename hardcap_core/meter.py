@@ -33,6 +33,8 @@ from .ledger import (
 )
 from .logs import logger
 
+SPEED_MIN_S = 0.1  # the provider's speed is measured over at least this long
+
 
 @dataclass(frozen=True, slots=True)
 class MeterSettings:
@@ -80,12 +82,16 @@ class Meter:
         self._refreshed = time.monotonic()
         self._first_read: float | None = None
         self._read_at = 0.0
+        self._arrived = 0  # output tokens read after the first read
 
     def note_read(self, tokens: int) -> None:
         """The relay read ``tokens`` more output tokens from the provider in one network read."""
         now = time.monotonic()
         if self._first_read is None:
+            # The first read may carry a backlog from before it: the rate starts after it.
             self._first_read = now
+        else:
+            self._arrived += tokens
         self._read_at = now
         self.in_hand += tokens
 
@@ -95,12 +101,9 @@ class Meter:
         notice), plus the configured least."""
         if self._first_read is None:
             return self.settings.guard
-        now = time.monotonic()
-        elapsed = self._read_at - self._first_read
-        # Speed over the stream so far; a gateway reading behind the provider reads the first
-        # batch late and big, which overestimates the speed: the safe side.
-        speed = (self.seen + self.in_hand) / elapsed if elapsed > 0.05 else 0.0
-        behind = now - self._read_at + self.settings.guard_s
+        elapsed = max(self._read_at - self._first_read, SPEED_MIN_S)
+        speed = self._arrived / elapsed  # tokens per second arriving since the first read
+        behind = time.monotonic() - self._read_at + self.settings.guard_s
         return self.settings.guard + math.ceil(speed * behind)
 
     def generated(self) -> int:
