@@ -18,6 +18,7 @@ import contextlib
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .budgets import Prices, Scope
@@ -61,6 +62,7 @@ class Meter:
         estimator: Estimator,
         route: str,
         prices: Prices,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ledger = ledger
         self.scope = scope
@@ -70,6 +72,7 @@ class Meter:
         self.estimator = estimator
         self.route = route
         self.prices = prices
+        self._clock = clock
         self.reserved = reservation.output_reserved if reservation else 0
         self.seen = 0
         self.exhausted = False  # the budget refused to grow the reservation
@@ -79,14 +82,14 @@ class Meter:
         self.charged_output = 0
         self.charged_input = 0
         self.in_hand = 0  # tokens received from the provider and not yet forwarded
-        self._refreshed = time.monotonic()
+        self._refreshed = self._clock()
         self._first_read: float | None = None
         self._read_at = 0.0
         self._arrived = 0  # output tokens read after the first read
 
     def note_read(self, tokens: int) -> None:
         """The relay read ``tokens`` more output tokens from the provider in one network read."""
-        now = time.monotonic()
+        now = self._clock()
         if self._first_read is None:
             # The first read may carry a backlog from before it: the rate starts after it.
             self._first_read = now
@@ -103,7 +106,7 @@ class Meter:
             return self.settings.guard
         elapsed = max(self._read_at - self._first_read, SPEED_MIN_S)
         speed = self._arrived / elapsed  # tokens per second arriving since the first read
-        behind = time.monotonic() - self._read_at + self.settings.guard_s
+        behind = self._clock() - self._read_at + self.settings.guard_s
         return self.settings.guard + math.ceil(speed * behind)
 
     def generated(self) -> int:
@@ -127,14 +130,14 @@ class Meter:
                 # Cannot grow the hold: finish within what is reserved (still a hard cap).
                 logger.warning("budget server lost mid-stream", extra={"route": self.route})
                 result = None
-            self._refreshed = time.monotonic()
+            self._refreshed = self._clock()
             if isinstance(result, Extended):
                 self.reserved = result.output_reserved
             else:
                 self.exhausted = True
                 if isinstance(result, ReservationGone):
                     logger.warning("reservation expired mid-stream", extra={"route": self.route})
-        if self.settings.extend and time.monotonic() - self._refreshed > self.settings.heartbeat_s:
+        if self.settings.extend and self._clock() - self._refreshed > self.settings.heartbeat_s:
             await self.heartbeat()
         if not self.settings.truncate or not self.exhausted or self.generated() <= self.reserved:
             self._forward(tokens)
@@ -154,7 +157,7 @@ class Meter:
             result = await self.ledger.extend(self.reservation, 0)
         except LedgerUnavailable:
             return
-        self._refreshed = time.monotonic()
+        self._refreshed = self._clock()
         if isinstance(result, ReservationGone):
             self.exhausted = True
 
