@@ -1,5 +1,6 @@
 """What the gateway costs: added latency against calling the mock directly, the saturation point
-of ONE gateway worker process (with and without hiredis), and Redis round trips per request.
+of ONE gateway worker process (as shipped, without hiredis, without uvloop and httptools), and
+Redis round trips per request.
 
 * Latency: open-loop at fixed rates, measured from each request's scheduled send time (no
   coordinated omission). At every rate, blocks alternate direct -> gateway -> direct ->
@@ -10,9 +11,11 @@ of ONE gateway worker process (with and without hiredis), and Redis round trips 
 * Saturation: non-streamed 1-token completions at rising open-loop rates through one worker;
   sustained = completions keep up with the offered rate (>= 97 %) with p99 under
   ``--sustained-p99-ms``. Plus a closed-loop capacity figure, taken first on an idle worker.
-  Repeated with hiredis hidden from redis-py (see bench/stack.py), and the parser in use is
-  read back from the worker. Every block starts once the worker is idle again, and a block
-  during which other processes took more than a quarter of the machine is run again.
+  Repeated with hiredis hidden from redis-py, and with uvloop and httptools hidden from
+  uvicorn (see bench/stack.py; that set-up's added latency is measured too); the parser and
+  server in use are read back from the worker. Every block starts once the worker is idle
+  again, and a block during which other processes took more than a quarter of the machine is
+  run again.
 * Round trips: INFO commandstats deltas over a known number of requests, sequentially, for a
   tenant without rate limits (so no script-internal HMGET); commands our Lua scripts run
   inside EVALSHA are listed apart from client round trips.
@@ -48,6 +51,14 @@ LUA = Path(__file__).resolve().parent.parent / "lua"
 TENANT, COUNTING = "bench", "counting"
 CONTENDED = 0.25  # share of the machine other processes took during a block: repeat it
 RETRIES_CONTENDED = 2
+# Gateway set-ups measured, in order: the shipped one (hiredis, uvloop, httptools), then one
+# piece taken away at a time. Results are keyed by the label ("hiredis": the shipped set-up).
+VARIANTS: tuple[tuple[str, dict[str, bool]], ...] = (
+    ("hiredis", {}),
+    ("no_hiredis", {"hiredis": False}),
+    ("asyncio_h11", {"fast_server": False}),
+)
+LATENCY_VARIANTS = ("hiredis", "asyncio_h11")
 ROUTES = [
     stack.mock_route("p95", estimator={"kind": "p95", "min_samples": 50}, max_output_tokens=1024),
     stack.mock_route("max", estimator={"kind": "max_tokens"}, max_output_tokens=1024),
@@ -304,21 +315,24 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="hardcap-overhead-") as tmp_name, LocalValkey() as vk:
         tmp = Path(tmp_name)
         mock = stack.start_mock(tmp, pace_ms=0.0, seed=11)
-        bar = tqdm(total=n_lat + 2 * n_sat, unit="block")
+        bar = tqdm(total=2 * n_lat + len(VARIANTS) * n_sat, unit="block")
         try:
             data = config(mock.url, vk.url)
-            for hiredis in (True, False):
-                with stack.gateways(data, 1, tmp, hiredis=hiredis, log_level=ns.log_level) as gws:
+            for label, options in VARIANTS:
+                with stack.gateways(data, 1, tmp, log_level=ns.log_level, **options) as gws:
                     gw = f"{gws[0].url}/v1"
                     pids = {**pids_of([mock, *gws]), "valkey": vk.proc.pid if vk.proc else 0}
                     warm(gw)
-                    label = "hiredis" if hiredis else "no_hiredis"
                     result[f"parser_{label}"] = stack.parser_in_use(gws[0])
-                    if hiredis:
+                    result[f"server_{label}"] = stack.server_in_use(gws[0])
+                    if label == "hiredis":
                         result["round_trips"] = count_round_trips(gw, vk.url, ns)
+                    if label in LATENCY_VARIANTS:
+                        bar.set_postfix_str(f"latency {label}")
                         rows = latency({"direct": f"{mock.url}/v1", "gateway": gw}, ns, pids, bar)
-                        result["latency"] = rows
-                        result["added_latency"] = added(rows)
+                        suffix = "" if label == "hiredis" else f"_{label}"
+                        result[f"latency{suffix}"] = rows
+                        result[f"added_latency{suffix}"] = added(rows)
                         write_json(out, result)
                     bar.set_postfix_str(f"saturation {label}")
                     result[f"saturation_{label}"] = saturation(gw, ns, pids, bar)
@@ -362,7 +376,7 @@ def print_summary(result: dict[str, Any], out: Path) -> None:
             f"{a['direct_p99_ms']}  gateway p50 {a['gateway_p50_ms']} p99 {a['gateway_p99_ms']}"
             f"  added p50 {a['added_p50_ms']} p99 {a['added_p99_ms']}"
         )
-    for label in ("hiredis", "no_hiredis"):
+    for label, _ in VARIANTS:
         s = result[f"saturation_{label}"]
         print(
             f"saturation {label} ({result[f'parser_{label}']}): sustained "

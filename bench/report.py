@@ -121,32 +121,34 @@ def overhead_tables(data: dict[str, Any], source: str) -> str:
         f"time ({source}, {'complete' if data.get('complete') else 'INCOMPLETE'} run, "
         f"commit `{(data['machine'].get('git_commit') or 'unknown')[:10]}`):",
         "",
-        "| Load | Direct p50 / p99 | Through Hardcap p50 / p99 | Added p50 | Added p99 |",
-        "|---|---|---|---|---|",
+        *_latency_rows(data, data.get("added_latency", [])),
     ]
-    for a in data.get("added_latency", []):
-        kind = "" if a["kind"] == "non_stream" else f", streaming ({_tokens(data, a)} tokens)"
-        lines.append(
-            f"| {a['rate']:,.0f} req/s{kind} | {num(a['direct_p50_ms'], 2)} / "
-            f"{num(a['direct_p99_ms'], 2)} ms | {num(a['gateway_p50_ms'], 2)} / "
-            f"{num(a['gateway_p99_ms'], 2)} ms | {_ms(a['added_p50_ms'])} "
-            f"| {_ms(a['added_p99_ms'])} |"
-        )
+    plain = data.get("added_latency_asyncio_h11")
+    if plain:
+        lines += [
+            "",
+            f"The same worker with uvloop and httptools hidden from uvicorn "
+            f"({data.get('server_asyncio_h11', 'asyncio + h11')}):",
+            "",
+            *_latency_rows(data, plain),
+        ]
     lines += [
         "",
-        "| Saturation of one worker | Parser in use | Highest sustained rate "
+        "| Saturation of one worker | Redis parser, server | Highest sustained rate "
         "| Gateway CPU per request there | Next rate tried | Closed-loop capacity |",
         "|---|---|---|---|---|---|",
     ]
-    for label, name in (("hiredis", "with hiredis"), ("no_hiredis", "without hiredis")):
+    for label, name in SET_UPS:
         s = data.get(f"saturation_{label}")
         if not s:
             continue
+        server = data.get(f"server_{label}")
         rate = s["sustained_max_rate"]
         at = [b for b in s.get("blocks", []) if b.get("rate") == rate]
         after = [b for b in s.get("blocks", []) if rate is not None and b.get("rate", 0) > rate]
         lines.append(
-            f"| {name} | `{data.get(f'parser_{label}', '?')}` | "
+            f"| {name} | `{data.get(f'parser_{label}', '?')}`"
+            f"{f', {server}' if server else ''} | "
             f"{'none of the rates tried' if rate is None else f'{rate:,.0f} req/s'} "
             f"| {_cpu_per_request(at[0]) if at else '—'} | {_collapse(after[0]) if after else '—'} "
             f"| {s['closed_loop']['requests_per_second']:,.0f} req/s |"
@@ -234,6 +236,29 @@ def goals_table(shoot: dict[str, Any] | None, head: dict[str, Any] | None) -> st
         mark = "—" if ok is None else ("met" if ok else "**missed**")
         lines.append(f"| {goal} | {target} | {got} | {mark} |")
     return "\n".join(lines)
+
+
+SET_UPS = (
+    ("hiredis", "as shipped"),
+    ("no_hiredis", "without hiredis"),
+    ("asyncio_h11", "without uvloop and httptools"),
+)
+
+
+def _latency_rows(data: dict[str, Any], added: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| Load | Direct p50 / p99 | Through Hardcap p50 / p99 | Added p50 | Added p99 |",
+        "|---|---|---|---|---|",
+    ]
+    for a in added:
+        kind = "" if a["kind"] == "non_stream" else f", streaming ({_tokens(data, a)} tokens)"
+        lines.append(
+            f"| {a['rate']:,.0f} req/s{kind} | {num(a['direct_p50_ms'], 2)} / "
+            f"{num(a['direct_p99_ms'], 2)} ms | {num(a['gateway_p50_ms'], 2)} / "
+            f"{num(a['gateway_p99_ms'], 2)} ms | {_ms(a['added_p50_ms'])} "
+            f"| {_ms(a['added_p99_ms'])} |"
+        )
+    return lines
 
 
 def _cpu_per_request(b: dict[str, Any]) -> str:

@@ -28,16 +28,28 @@ from hardcap_core.valkey_local import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PARSER_LINE = "hardcap-bench: redis parser in use: "
+SERVER_LINE = "hardcap-bench: server: "
 
 # redis-py picks its parser when `redis.utils` is imported (HIREDIS_AVAILABLE) and binds the
 # default into Connection.__init__'s signature, so patching afterwards does not work: the
 # module `hiredis` is hidden (sys.modules entry None makes `import hiredis` raise ImportError)
 # before redis is imported. `set_parser` is wrapped to report the class a connection really got.
+# uvicorn's "auto" loop and HTTP choices likewise fall back to asyncio and h11 when uvloop and
+# httptools cannot be imported.
 GATEWAY_BOOTSTRAP = f"""
-import os, sys
+import importlib.util, os, sys
 PARSER_LINE = {PARSER_LINE!r}
 if os.environ.get("HARDCAP_BENCH_NO_HIREDIS") == "1":
     sys.modules["hiredis"] = None
+if os.environ.get("HARDCAP_BENCH_PLAIN_SERVER") == "1":
+    sys.modules["uvloop"] = sys.modules["httptools"] = None
+def _has(name):
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ValueError:  # hidden: sys.modules[name] is None
+        return False
+print({SERVER_LINE!r} + ("uvloop" if _has("uvloop") else "asyncio") + " + "
+      + ("httptools" if _has("httptools") else "h11"), flush=True)
 import redis.asyncio.connection as _c
 _orig = _c.AbstractConnection.set_parser
 _seen = []
@@ -153,13 +165,23 @@ def get_nice(pid: int) -> int:
 
 
 def start_gateway(
-    config: Path, tmp: Path, *, hiredis: bool = True, log_level: str = "WARNING"
+    config: Path,
+    tmp: Path,
+    *,
+    hiredis: bool = True,
+    fast_server: bool = True,
+    log_level: str = "WARNING",
 ) -> Service:
-    """One ``hardcap serve`` process; ``hiredis=False`` hides the C parser from redis-py."""
+    """One ``hardcap serve`` process; ``hiredis=False`` hides the C parser from redis-py,
+    ``fast_server=False`` hides uvloop and httptools from uvicorn."""
     port = free_port()
     args = [sys.executable, "-c", GATEWAY_BOOTSTRAP, "serve", "-c", str(config)]
     args += ["--port", str(port)]
-    env = _env(POWERTOOLS_LOG_LEVEL=log_level, HARDCAP_BENCH_NO_HIREDIS="0" if hiredis else "1")
+    env = _env(
+        POWERTOOLS_LOG_LEVEL=log_level,
+        HARDCAP_BENCH_NO_HIREDIS="0" if hiredis else "1",
+        HARDCAP_BENCH_PLAIN_SERVER="0" if fast_server else "1",
+    )
     return _launch("gateway", args, port, tmp / f"gateway-{port}.log", env)
 
 
@@ -179,11 +201,20 @@ def gateways(data: dict[str, Any], count: int, tmp: Path, **kwargs: Any) -> Iter
 
 def parser_in_use(service: Service, timeout_s: float = 5.0) -> str:
     """The RESP parser class the gateway's first Redis connection used (after one request)."""
+    return _reported(service, PARSER_LINE, timeout_s)
+
+
+def server_in_use(service: Service, timeout_s: float = 5.0) -> str:
+    """The event loop and HTTP parser uvicorn could use in the gateway process."""
+    return _reported(service, SERVER_LINE, timeout_s)
+
+
+def _reported(service: Service, prefix: str, timeout_s: float) -> str:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for line in service.log.read_text(errors="replace").splitlines():
-            if line.startswith(PARSER_LINE):
-                return line[len(PARSER_LINE) :].strip()
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
         time.sleep(0.05)
     return "unknown"
 

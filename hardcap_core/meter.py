@@ -14,6 +14,7 @@ tokens known to be generated always, the in-flight guess at most up to the reser
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import time
@@ -173,30 +174,36 @@ class Meter:
     async def settle(
         self, *, input_tokens: int | None, output_tokens: int, truncated: bool
     ) -> None:
-        """Charge the real counts once; feed the estimator unless the reply was cut short."""
+        """Charge the real counts once; feed the estimator unless the reply was cut short.
+
+        The two are independent round trips, so they go out together: the reply waits for one.
+        """
         if self.settled:
             return
         self.settled = True
         self.charged_input = self.input_estimate if input_tokens is None else input_tokens
         self.charged_output = output_tokens
-        if self.reservation is not None:
-            try:
-                result = await self.ledger.settle(
-                    self.reservation, input_tokens=self.charged_input, output_tokens=output_tokens
-                )
-                self.final_budgets = result.budgets
-            except LedgerUnavailable:
-                # The hold expires by itself; this request's usage is lost (see docs/design.md).
-                logger.error(
-                    "settle failed: budget server unreachable", extra={"route": self.route}
-                )
-                return
+        charge = self._settle_reserved() if self.reservation else self._settle_unguarded()
+        if truncated:
+            await charge
         else:
-            await self._settle_unguarded()
-        if not truncated:
-            # One lost sample is harmless: the estimate is advisory.
-            with contextlib.suppress(LedgerUnavailable):
-                await self.estimator.observe(self.route, output_tokens, truncated=False)
+            await asyncio.gather(charge, self._observe(output_tokens))
+
+    async def _settle_reserved(self) -> None:
+        assert self.reservation is not None
+        try:
+            result = await self.ledger.settle(
+                self.reservation, input_tokens=self.charged_input, output_tokens=self.charged_output
+            )
+            self.final_budgets = result.budgets
+        except LedgerUnavailable:
+            # The hold expires by itself; this request's usage is lost (see docs/design.md).
+            logger.error("settle failed: budget server unreachable", extra={"route": self.route})
+
+    async def _observe(self, output_tokens: int) -> None:
+        # One lost sample is harmless: the estimate is advisory.
+        with contextlib.suppress(LedgerUnavailable):
+            await self.estimator.observe(self.route, output_tokens, truncated=False)
 
     async def _settle_unguarded(self) -> None:
         """A fail-open request still charges its usage if the server is back by now."""
