@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import yaml
 
+from bench.stack import wait_http
 from hardcap_core.auth import hash_key
 from hardcap_core.cli import ThreadServer
 from hardcap_core.config import parse_config
@@ -172,7 +173,7 @@ def gateway_processes(data: dict[str, Any], count: int, tmp: Path) -> Iterator[l
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:
         for url, proc in zip(urls, procs, strict=True):
-            _wait_http(f"{url}/healthz", proc)
+            wait_http(f"{url}/healthz", proc)
         yield [f"{u}/v1" for u in urls]
     finally:
         for proc in procs:
@@ -181,17 +182,3 @@ def gateway_processes(data: dict[str, Any], count: int, tmp: Path) -> Iterator[l
             proc.wait(10)
         for log in logs:
             log.close()
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gateway process exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not come up")
