@@ -35,6 +35,9 @@ from .ledger import (
 )
 from .logs import logger
 
+# A failed settle is tried again after these pauses: a lost settle loses the request's usage,
+# which is worse than a reply that ends a little later.
+SETTLE_RETRY_DELAYS_S = (0.1, 0.5)
 SPEED_MIN_S = 0.1  # the provider's speed is measured over at least this long
 
 
@@ -191,14 +194,24 @@ class Meter:
 
     async def _settle_reserved(self) -> None:
         assert self.reservation is not None
-        try:
-            result = await self.ledger.settle(
-                self.reservation, input_tokens=self.charged_input, output_tokens=self.charged_output
-            )
+        for delay in (*SETTLE_RETRY_DELAYS_S, None):
+            try:
+                result = await self.ledger.settle(
+                    self.reservation,
+                    input_tokens=self.charged_input,
+                    output_tokens=self.charged_output,
+                )
+            except LedgerUnavailable:
+                if delay is None:
+                    # The hold expires by itself; this usage is lost (see docs/design.md).
+                    logger.error(
+                        "settle failed: budget server unreachable", extra={"route": self.route}
+                    )
+                    return
+                await asyncio.sleep(delay)  # settle is idempotent: safe to send again
+                continue
             self.final_budgets = result.budgets
-        except LedgerUnavailable:
-            # The hold expires by itself; this request's usage is lost (see docs/design.md).
-            logger.error("settle failed: budget server unreachable", extra={"route": self.route})
+            return
 
     async def _observe(self, output_tokens: int) -> None:
         # One lost sample is harmless: the estimate is advisory.

@@ -24,6 +24,11 @@ CONNECT_TIMEOUT_S = 2.0
 # redis-py's async cluster client refuses (MaxConnectionsError) rather than waits beyond this
 # many connections per node; a gateway process under load can have this many calls in flight.
 CLUSTER_MAX_CONNECTIONS = 4096
+# A standalone client waits for one of this many connections instead of opening one per call
+# in flight: a burst of hundreds of requests on a cold process would otherwise open hundreds of
+# connections at once, and on a starved machine some connects time out (503s, lost settles).
+# A script call holds a connection for well under a millisecond, so 64 serve a busy process.
+MAX_CONNECTIONS = 64
 RETRIES = 2
 
 
@@ -48,7 +53,10 @@ async def connect(url: str, *, cluster: bool = False) -> Any:
         ),
     }
     if not cluster:
-        return aioredis.Redis.from_url(url, **common)
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=MAX_CONNECTIONS, timeout=SOCKET_TIMEOUT_S, **common
+        )
+        return aioredis.Redis.from_pool(pool)
     client = RedisCluster.from_url(url, max_connections=CLUSTER_MAX_CONNECTIONS, **common)
     try:
         await client.initialize()

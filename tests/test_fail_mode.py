@@ -16,7 +16,7 @@ from hardcap_core.budgets import Dimension
 from hardcap_core.errors import LedgerUnavailable
 from hardcap_core.estimators import SharedP95Estimator
 from hardcap_core.ledger import Admitted, Ledger, Unguarded
-from hardcap_core.redis_client import connect
+from hardcap_core.redis_client import MAX_CONNECTIONS, connect
 from hardcap_core.valkey_local import LocalValkey, free_port
 from tests.conftest import TENANT, scope
 
@@ -129,3 +129,23 @@ async def test_a_restart_while_idle_is_invisible(
     with LocalValkey(port=port):
         results = await burst()
         assert all(isinstance(r, Admitted) for r in results), results
+
+
+async def test_a_burst_on_a_cold_client_shares_a_bounded_pool(server: LocalValkey) -> None:
+    """500 calls at once on a fresh client all succeed over at most MAX_CONNECTIONS sockets.
+
+    Regression: the pool opened one connection per call in flight. A burst of hundreds of
+    streams on cold gateway processes opened hundreds of connections at once, some connects
+    timed out on the starved machine, and those requests got 503s and lost their settles.
+    """
+    client = await connect(server.url)
+    try:
+        led = Ledger(client)
+        calls = (led.admit(SC, input_tokens=1, output_estimate=1) for _ in range(500))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert all(isinstance(r, Admitted) for r in results), {type(r) for r in results}
+        info = await client.info("clients")
+        assert 1 <= info["connected_clients"] <= MAX_CONNECTIONS
+        assert info["connected_clients"] > 1  # the calls really overlapped
+    finally:
+        await client.aclose()
