@@ -268,6 +268,7 @@ class Gateway:
         try:
             return await awaitable
         except LedgerUnavailable as e:
+            logger.warning("budget server unreachable", extra={"error": str(e)})
             raise ServiceUnavailable(
                 "The budget server is unreachable, and this tenant fails closed. Retry shortly."
             ) from e

@@ -201,11 +201,12 @@ class Meter:
                     input_tokens=self.charged_input,
                     output_tokens=self.charged_output,
                 )
-            except LedgerUnavailable:
+            except LedgerUnavailable as e:
                 if delay is None:
                     # The hold expires by itself; this usage is lost (see docs/design.md).
                     logger.error(
-                        "settle failed: budget server unreachable", extra={"route": self.route}
+                        "settle failed: budget server unreachable",
+                        extra={"route": self.route, "error": str(e)},
                     )
                     return
                 await asyncio.sleep(delay)  # settle is idempotent: safe to send again
