@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
+import shutil
 import signal
 import sys
 import tempfile
@@ -87,6 +89,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--time-limit", type=float, default=900.0, help="s per tenant-run, at most")
     p.add_argument("--seed", type=int, default=7, help="mock seed and client seeds")
     p.add_argument("--resume", action="store_true", help="keep the cells --out already has")
+    p.add_argument("--keep-logs", type=Path, help="copy the gateways' and mock's logs here")
     p.add_argument(
         "--busy-pause",
         type=_pause,
@@ -259,13 +262,19 @@ def main(argv: list[str] | None = None) -> int:
                         "valkey": valkey.proc.pid if valkey.proc else 0,
                     }
                     bar = tqdm(total=sum(len(b.tenants) for b, _ in all_batches), unit="tenant-run")
+                    logs = LogWatch([g.log for g in gws])
                     for mode, conc, runs in cells_plan:
                         cell = run_cell(ns, mode, conc, runs, urls, mock.url, valkey.url, pids, bar)
+                        cell["gateway_log"] = logs.new_entries()
                         result["cells"].append(cell)
                         write_json(out, result)
                     bar.close()
             finally:
                 mock.stop()
+                if ns.keep_logs:
+                    ns.keep_logs.mkdir(parents=True, exist_ok=True)
+                    for log in tmp.glob("*.log"):
+                        shutil.copy(log, ns.keep_logs / log.name)
     result["complete"] = True
     result["seconds"] = round(time.monotonic() - started, 1)
     result["check"] = check(result["cells"])
@@ -275,6 +284,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"CHECK FAILED: {result['check']}", file=sys.stderr)
         return 1
     return 0
+
+
+class LogWatch:
+    """Counts the gateways' warning and error log lines written since the last look."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+        self.offsets = {p: p.stat().st_size if p.exists() else 0 for p in paths}
+
+    def new_entries(self) -> dict[str, int]:
+        """``{"<level>: <message> (<error>)": count}`` over every gateway."""
+        counts: collections.Counter[str] = collections.Counter()
+        for path in self.paths:
+            with path.open("rb") as f:
+                f.seek(self.offsets[path])
+                data = f.read()
+                self.offsets[path] = f.tell()
+            for line in data.decode(errors="replace").splitlines():
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(entry, dict) and entry.get("level") in ("WARNING", "ERROR"):
+                    error = f" ({entry['error']})" if entry.get("error") else ""
+                    counts[f"{entry['level']}: {entry.get('message')}{error}"] += 1
+        return dict(counts.most_common())
 
 
 def run_cell(
