@@ -47,9 +47,9 @@ import yaml
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from bench.machine import machine_info
-from hardcap_core.cli import ThreadServer
-from hardcap_core.mock_upstream import MockSettings, create_mock_app
-from hardcap_core.valkey_local import LocalValkey, free_port
+from hardcap_core.local.mock_upstream import MockSettings, create_mock_app
+from hardcap_core.local.servers import ThreadServer
+from hardcap_core.local.valkey import LocalValkey, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 GATEWAY = ROOT / "functions" / "gateway"
@@ -305,7 +305,7 @@ def local_stack() -> Iterator[Stack]:
         mock = ThreadServer(create_mock_app(MockSettings(pace_ms=0.0, seed=1)), free_port())
         mock.start()
         try:
-            config = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
+            config = yaml.safe_load((ROOT / "hardcap_core" / "local" / "demo.yaml").read_text())
             config["upstreams"][0]["base_url"] = f"{mock.url}/v1"
             path = Path(tmp) / "config.yaml"
             path.write_text(yaml.safe_dump(config))

@@ -56,10 +56,10 @@ from hardcap_core.budgets import (
     Scope,
     Window,
 )
-from hardcap_core.estimators import SharedP95Estimator
-from hardcap_core.ledger import Admitted, Extended, Ledger, Reservation
-from hardcap_core.redis_client import connect
-from hardcap_core.valkey_local import LocalValkey
+from hardcap_core.ledger.client import Admitted, Extended, Ledger, Reservation
+from hardcap_core.ledger.connection import connect
+from hardcap_core.ledger.estimators import SharedP95Estimator
+from hardcap_core.local.valkey import LocalValkey
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -94,7 +94,7 @@ def bench_scope() -> Scope:
 
 @asynccontextmanager
 async def client_for(url: str, parser: str) -> AsyncIterator[Any]:
-    """The gateway's own client (hardcap_core.redis_client.connect), with the parser chosen."""
+    """The gateway's own client (hardcap_core.ledger.connection.connect), with the parser chosen."""
     client = await connect(url)
     # Read when the pool opens a connection, and none is open yet.
     client.connection_pool.connection_kwargs["parser_class"] = PARSERS[parser]

@@ -44,7 +44,7 @@ from bench.harness import chat_body
 from bench.http1 import Client
 from bench.machine import CpuWatch, machine_info, pids_of, process_cpu_seconds, write_json
 from bench.openloop import chat_sender, closed_loop, open_loop, stats
-from hardcap_core.valkey_local import LocalValkey
+from hardcap_core.local.valkey import LocalValkey
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LUA = Path(__file__).resolve().parent.parent / "lua"

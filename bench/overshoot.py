@@ -56,7 +56,7 @@ from bench.budget_runs import (
     warm_up,
 )
 from bench.machine import CpuWatch, machine_info, pids_of, write_json
-from hardcap_core.valkey_local import LocalValkey
+from hardcap_core.local.valkey import LocalValkey
 
 RESULTS = Path(__file__).resolve().parent / "results"
 QUICK_CELLS = (("p95_truncate", 128), ("p95_truncate", 8), ("count_after", 128))

@@ -1,5 +1,5 @@
 """Processes for the benchmarks: the mock upstream and ``hardcap serve`` gateways, one OS process
-each, next to a private Valkey (:class:`hardcap_core.valkey_local.LocalValkey`).
+each, next to a private Valkey (:class:`hardcap_core.local.valkey.LocalValkey`).
 
 Every server listens on 127.0.0.1 only. Gateways start through a tiny bootstrap
 (:data:`GATEWAY_BOOTSTRAP`) that can hide hiredis from redis-py before anything imports it, and
@@ -24,7 +24,7 @@ import yaml
 
 from bench.machine import process_cpu_seconds
 from hardcap_core.auth import hash_key
-from hardcap_core.valkey_local import free_port
+from hardcap_core.local.valkey import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PARSER_LINE = "hardcap-bench: redis parser in use: "

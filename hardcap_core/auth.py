@@ -14,8 +14,8 @@ import secrets
 from collections.abc import Mapping
 from typing import Generic, TypeVar
 
-from .budgets import ID_PATTERN
-from .errors import ConfigError
+from hardcap_core.budgets import ID_PATTERN
+from hardcap_core.errors import ConfigError
 
 KEY_PREFIX = "hc_"
 HASH_PREFIX = "sha256:"

@@ -9,25 +9,17 @@ streamed completion and the tenant's usage.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import env
+from hardcap_core import env
+from hardcap_core.local.servers import UVICORN_OPTIONS
 
-# Keep idle client connections longer than clients' pools do (uvicorn's default is 5 s): a
-# client that reuses a connection the server just closed sees a bare read error.
-UVICORN_OPTIONS: dict[str, Any] = {
-    "log_level": "warning",
-    "lifespan": "on",
-    "timeout_keep_alive": 75,
-}
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "local.yaml"
+# Shipped inside the package, so `hardcap demo` works from an installed wheel.
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "local" / "demo.yaml"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
 
-    from .mock_upstream import add_mock_arguments
+    from hardcap_core.local.mock_upstream import add_mock_arguments
 
     mock = sub.add_parser("mock", help="run the mock upstream (ground truth at /mock/ground-truth)")
     add_mock_arguments(mock)
@@ -59,15 +51,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.command == "serve":
         return serve_command(ns.config, ns.host, ns.port)
     if ns.command == "mock":
-        from .mock_upstream import run_mock, settings_from_args
+        from hardcap_core.local.mock_upstream import run_mock, settings_from_args
 
         run_mock(ns.host, ns.port, settings_from_args(ns))
         return 0
     if ns.command == "demo":
-        from .demo import run_demo
+        from hardcap_core.local.demo import run_demo
 
         return run_demo(ns.config, ns.port, once=ns.once)
-    from .auth import keys_new_command
+    from hardcap_core.auth import keys_new_command
 
     print(keys_new_command(ns.tenant, ns.key_id))
     return 0
@@ -75,11 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def embedded_valkey_if_needed(config_path: str) -> Any:
     """Start a private Valkey when neither the environment nor the config names a server."""
-    from .config import load_config
+    from hardcap_core.config import load_config
 
     if os.environ.get(env.REDIS_URL) or load_config(config_path).gateway.redis_url:
         return None
-    from .valkey_local import LocalValkey
+    from hardcap_core.local.valkey import LocalValkey
 
     server = LocalValkey().start()
     os.environ[env.REDIS_URL] = server.url
@@ -90,8 +82,8 @@ def embedded_valkey_if_needed(config_path: str) -> Any:
 def serve_command(config_path: str, host: str, port: int) -> int:
     import uvicorn
 
-    from .app import create_app
-    from .config import load_config
+    from hardcap_core.config import load_config
+    from hardcap_core.gateway.app import create_app
 
     server = embedded_valkey_if_needed(config_path)
     try:
@@ -102,35 +94,6 @@ def serve_command(config_path: str, host: str, port: int) -> int:
         if server:
             server.stop()
     return 0
-
-
-class ThreadServer:
-    """A uvicorn server in a background thread (demo, tests, benchmarks)."""
-
-    def __init__(self, app: Any, port: int, host: str = "127.0.0.1") -> None:
-        import uvicorn
-
-        cfg = uvicorn.Config(app, **UVICORN_OPTIONS, host=host, port=port)
-        self.server = uvicorn.Server(cfg)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.url = f"http://{host}:{port}"
-
-    def start(self) -> ThreadServer:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError(f"server on {self.url} did not start")
-            time.sleep(0.02)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
-def pretty(data: Any) -> str:
-    return json.dumps(data, indent=2)
 
 
 if __name__ == "__main__":

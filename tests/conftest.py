@@ -14,9 +14,9 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from hardcap_core.budgets import Budget, Dimension, Level, LevelKind, RateLimit, Scope, Window
-from hardcap_core.ledger import Ledger
-from hardcap_core.redis_client import connect
-from hardcap_core.valkey_local import LocalCluster, LocalValkey
+from hardcap_core.ledger.client import Ledger
+from hardcap_core.ledger.connection import connect
+from hardcap_core.local.valkey import LocalCluster, LocalValkey
 
 
 @pytest.fixture(scope="session")

@@ -20,10 +20,10 @@ import yaml
 
 from bench.stack import wait_http
 from hardcap_core.auth import hash_key
-from hardcap_core.cli import ThreadServer
 from hardcap_core.config import parse_config
-from hardcap_core.mock_upstream import MockSettings, create_mock_app
-from hardcap_core.valkey_local import free_port
+from hardcap_core.local.mock_upstream import MockSettings, create_mock_app
+from hardcap_core.local.servers import ThreadServer
+from hardcap_core.local.valkey import free_port
 
 KEYS = {"alpha": "sk-test-alpha", "beta": "sk-test-beta", "open": "sk-test-open"}
 
@@ -145,7 +145,7 @@ class Mock:
 @contextmanager
 def gateway_thread(data: dict[str, Any]) -> Iterator[str]:
     """A gateway in this process; yields its /v1 base URL."""
-    from hardcap_core.app import create_app
+    from hardcap_core.gateway.app import create_app
 
     server = ThreadServer(create_app(parse_config(data)), free_port()).start()
     try:

@@ -39,7 +39,7 @@ def _check_architecture() -> None:
 _check_architecture()
 
 # Imported after the check: on the wrong architecture this import fails with an opaque error.
-from hardcap_core.app import app_from_env  # noqa: E402
+from hardcap_core.gateway.app import app_from_env  # noqa: E402
 
 # Mangum runs each invocation on the thread's current event loop. Creating it here, once, keeps
 # the loop, and the cache and HTTP clients bound to it, alive across invocations, and avoids

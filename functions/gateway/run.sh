@@ -26,7 +26,7 @@ export PYTHONPATH="$task_root:${PYTHONPATH:-}:/opt/python:${LAMBDA_RUNTIME_DIR:-
 # --no-access-log: the app logs one JSON line per request; a second line only costs ingestion.
 # --lifespan on: a config or startup error stops the process, so the failure is visible in the
 #   init logs instead of as a gateway answering 500s.
-exec python -m uvicorn --factory hardcap_core.app:app_from_env \
+exec python -m uvicorn --factory hardcap_core.gateway.app:app_from_env \
     --host 127.0.0.1 --port "${AWS_LWA_PORT:-8080}" \
     --http h11 --loop asyncio --lifespan on \
     --timeout-keep-alive 75 --no-access-log --no-server-header --log-level warning

@@ -1,0 +1,100 @@
+"""The config as the gateway uses it: upstreams, routes, principals, built once at load.
+
+Built by :mod:`hardcap_core.config.loader` from a validated file (:mod:`.schema`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal
+
+from hardcap_core.auth import KeyIndex
+from hardcap_core.budgets import Prices, Scope
+from hardcap_core.config.schema import ConfigFile, EstimatorSettings, GatewaySettings
+from hardcap_core.config.secrets import KeySource, resolve_api_key
+
+
+class Policy(StrEnum):
+    """What a route does when a stream's reservation cannot grow (see docs/config.md)."""
+
+    TRUNCATE = "truncate"  # end the stream with finish_reason "length": a hard cap
+    ALLOW = "allow"  # let it run to the end and charge it all (may overshoot)
+    COUNT_AFTER = "count_after"  # the benchmarks' baseline: reserve nothing, charge at the end
+
+    @property
+    def cuts(self) -> bool:
+        """Whether a stream is ended when its reservation cannot grow."""
+        return self is Policy.TRUNCATE
+
+    @property
+    def extends(self) -> bool:
+        """Whether a stream's reservation grows while it runs."""
+        return self is not Policy.COUNT_AFTER
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """A provider endpoint. Its key is resolved on first use, not at load (see ``api_key``)."""
+
+    name: str
+    base_url: str
+    timeout_seconds: float
+    key_source: KeySource | None = None
+
+    def api_key(self) -> str | None:
+        """The API key, or None if none is configured; values from AWS are cached for minutes."""
+        return resolve_api_key(self.name, self.key_source)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A public model name and how to serve it."""
+
+    name: str
+    upstream: Upstream
+    model: str
+    estimator: EstimatorSettings
+    policy: Policy
+    prices: Prices
+    max_output_tokens: int
+    min_output_reservation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a key belongs to and everything its requests are checked against."""
+
+    key_id: str
+    tenant_id: str
+    org_id: str | None
+    fail_mode: Literal["open", "closed"]
+    allowed_routes: frozenset[str] | None  # None: every route
+    scope: Scope
+
+    def allows(self, route: str) -> bool:
+        return self.allowed_routes is None or route in self.allowed_routes
+
+
+@dataclass(frozen=True)
+class Config:
+    """The loaded config. Build it with :func:`load_config` or :func:`parse_config`."""
+
+    gateway: GatewaySettings
+    upstreams: dict[str, Upstream]
+    routes: dict[str, Route]
+    source: str
+    file: ConfigFile = field(repr=False)
+    keys: KeyIndex[Principal] = field(repr=False)
+    tenant_scopes: dict[str, Scope] = field(repr=False)
+
+    def authenticate(self, presented_key: str) -> Principal | None:
+        """The principal of a presented API key, or None for an empty or unknown key."""
+        return self.keys.lookup(presented_key)
+
+    def tenant_scope(self, tenant_id: str) -> Scope:
+        """Tenant and org levels with their budgets and rate limits (no key level).
+
+        Raises KeyError for an unknown tenant.
+        """
+        return self.tenant_scopes[tenant_id]

@@ -1,0 +1,231 @@
+"""The YAML schema of the config file: one pydantic model per section, with field validators.
+
+These models only check each field where it is written (types, ranges, formats, unknown fields).
+Checks across sections, error messages and the runtime objects built from a valid file live in
+:mod:`hardcap_core.config.loader`; the reference with every field is ``docs/config.md``.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import ROUND_FLOOR, Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from hardcap_core.auth import is_key_hash
+from hardcap_core.budgets import ID_PATTERN, NANO_USD_PER_USD, Budget, Dimension, Level, Window
+from hardcap_core.config.secrets import KeySource, KeySourceKind
+
+# Lua numbers are doubles: the ledger adds integers exactly only up to 2**53.
+MAX_EXACT = 2**53
+ROUTE_NAME_PATTERN = r"^[A-Za-z0-9_.:/\-]{1,128}$"
+
+Id = Annotated[str, Field(pattern=ID_PATTERN.pattern)]
+RouteName = Annotated[str, Field(pattern=ROUTE_NAME_PATTERN)]
+NonEmpty = Annotated[str, Field(min_length=1)]
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+
+
+class _Model(BaseModel):
+    # Numbers are accepted where text is expected so that `id: 42` is not an error.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, allow_inf_nan=False, coerce_numbers_to_str=True
+    )
+
+
+class GatewaySettings(_Model):
+    """The ``gateway:`` section: how this gateway talks to the budget server and streams."""
+
+    redis_url: str | None = None
+    redis_cluster: bool = False
+    reservation_ttl_seconds: PosFloat = 120.0
+    max_body_bytes: PosInt = 1_048_576
+    extend_step_tokens: PosInt = 64
+    extend_when_within: NonNegInt = 32
+    truncate_guard_tokens: NonNegInt = 4
+    truncate_guard_ms: NonNegFloat = 50.0
+    upstream_timeout_seconds: PosFloat = 300.0
+    chars_per_token: PosFloat = 4.0
+    log_prompts: bool = False
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, v: str | None) -> str | None:
+        return None if v is None else check_redis_url(v)
+
+
+class UpstreamConfig(_Model):
+    name: Id
+    base_url: str
+    api_key_env: NonEmpty | None = None
+    api_key_secret: NonEmpty | None = None
+    api_key_parameter: NonEmpty | None = None
+    timeout_seconds: PosFloat | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, v: str) -> str:
+        scheme, sep, rest = v.partition("://")
+        if not sep or scheme.lower() not in ("http", "https") or not rest.strip("/"):
+            raise ValueError(f"{v!r} is not an http(s) URL like https://api.openai.com/v1")
+        return v.rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        # Never echo the value: a key pasted here by mistake must not end up in logs.
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError("the name of an environment variable, like OPENAI_API_KEY")
+        return v
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> UpstreamConfig:
+        if len(self.key_sources()) > 1:
+            raise ValueError("set at most one of api_key_env, api_key_secret, api_key_parameter")
+        return self
+
+    def key_sources(self) -> list[KeySource]:
+        found: list[tuple[KeySourceKind, str | None]] = [
+            ("env", self.api_key_env),
+            ("secret", self.api_key_secret),
+            ("parameter", self.api_key_parameter),
+        ]
+        return [KeySource(kind, name) for kind, name in found if name is not None]
+
+
+class EstimatorSettings(_Model):
+    """How much output to reserve up front: ``max_tokens``, a ``fixed`` amount, or a rolling p95."""
+
+    kind: Literal["max_tokens", "fixed", "p95"] = "max_tokens"
+    fixed_tokens: PosInt | None = None
+    min_samples: PosInt = 50
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"kind": data} if isinstance(data, str) else data  # `estimator: p95`
+
+    @model_validator(mode="after")
+    def _fixed(self) -> EstimatorSettings:
+        if self.kind == "fixed" and self.fixed_tokens is None:
+            raise ValueError("kind 'fixed' needs fixed_tokens")
+        if self.kind != "fixed" and self.fixed_tokens is not None:
+            raise ValueError(f"fixed_tokens is only used with kind 'fixed', not {self.kind!r}")
+        return self
+
+
+class PriceConfig(_Model):
+    input_per_million: NonNegFloat
+    output_per_million: NonNegFloat
+
+
+class RouteConfig(_Model):
+    name: RouteName
+    upstream: Id
+    model: NonEmpty | None = None
+    estimator: EstimatorSettings = EstimatorSettings()
+    policy: Literal["truncate", "allow", "count_after"] = "truncate"
+    price: PriceConfig | None = None
+    max_output_tokens: PosInt = 4096
+    min_output_reservation: PosInt = 16
+
+    @model_validator(mode="after")
+    def _reservation(self) -> RouteConfig:
+        if self.min_output_reservation > self.max_output_tokens:
+            raise ValueError(
+                f"min_output_reservation ({self.min_output_reservation}) is more than "
+                f"max_output_tokens ({self.max_output_tokens})"
+            )
+        return self
+
+
+class BudgetConfig(_Model):
+    dimension: Dimension
+    limit: Annotated[Decimal, Field(ge=0)]
+    window: str
+
+    @field_validator("limit")
+    @classmethod
+    def _limit(cls, v: Decimal, info: ValidationInfo) -> Decimal:
+        if info.data.get("dimension") == Dimension.COST_USD:
+            if v * NANO_USD_PER_USD > MAX_EXACT:
+                raise ValueError(f"at most {MAX_EXACT // NANO_USD_PER_USD} USD")
+        elif v != v.to_integral_value():
+            raise ValueError(f"a token limit is a whole number, not {v}")
+        elif v > MAX_EXACT:
+            raise ValueError(f"at most {MAX_EXACT} tokens")
+        return v
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, v: str) -> str:
+        Window.parse(v)  # its ValueError says what is accepted
+        return v.strip().lower()
+
+    def build(self, level: Level) -> Budget:
+        """The budget at ``level``; cost limits go from USD to nano-USD, rounded down."""
+        scale = NANO_USD_PER_USD if self.dimension == Dimension.COST_USD else 1
+        limit = int((self.limit * scale).to_integral_value(ROUND_FLOOR))
+        return Budget(level, self.dimension, limit, Window.parse(self.window))
+
+
+class RateLimitConfig(_Model):
+    # Zero would mean "no limit" to the ledger, so it is refused: omit the field instead.
+    requests_per_minute: PosInt | None = None
+    tokens_per_minute: PosInt | None = None
+
+
+class LevelConfig(_Model):
+    """What an org, a tenant and a key have in common: an id, budgets and rate limits."""
+
+    id: Id
+    budgets: list[BudgetConfig] = []
+    rate_limits: RateLimitConfig | None = None
+
+
+class KeyConfig(LevelConfig):
+    hash: str
+
+    @field_validator("hash")
+    @classmethod
+    def _hash(cls, v: str) -> str:
+        if is_key_hash(v):
+            return v
+        if not v.startswith("sha256:"):
+            raise ValueError("store the key's hash (sha256:...), never the key itself")
+        raise ValueError("expected sha256: and 64 lowercase hex digits (see `hardcap keys new`)")
+
+
+class OrgConfig(LevelConfig):
+    pass
+
+
+class TenantConfig(LevelConfig):
+    org: Id | None = None
+    fail_mode: Literal["closed", "open"] = "closed"
+    routes: list[RouteName] | None = None
+    keys: list[KeyConfig] = []
+
+
+class ConfigFile(_Model):
+    """The whole file, as written (validated, not yet resolved into routes and scopes)."""
+
+    gateway: GatewaySettings = GatewaySettings()
+    upstreams: list[UpstreamConfig] = []
+    routes: list[RouteConfig] = []
+    orgs: list[OrgConfig] = []
+    tenants: list[TenantConfig] = []
+
+
+def check_redis_url(url: str) -> str:
+    """The URL if its scheme is one Redis clients accept; the error never shows the rest."""
+    # The URL may hold a password, so the message shows only its scheme.
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme.lower() not in ("redis", "rediss", "unix"):
+        shown = f"scheme {scheme!r}" if sep else "no scheme"
+        raise ValueError(f"{shown}: use redis://, rediss:// (TLS) or unix://")
+    return url

@@ -1,0 +1,66 @@
+"""One place that builds the budget server's client, standalone or cluster, with sane limits.
+
+Built once per process (per Lambda execution environment) and shared by every request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from hardcap_core.errors import LedgerUnavailable
+
+# A script call answers in well under a millisecond; a server that takes seconds is as good as
+# down, and the tenant's fail mode (closed: 503, open: go ahead) should decide quickly.
+SOCKET_TIMEOUT_S = 2.0
+CONNECT_TIMEOUT_S = 2.0
+# redis-py's async cluster client refuses (MaxConnectionsError) rather than waits beyond this
+# many connections per node; a gateway process under load can have this many calls in flight.
+CLUSTER_MAX_CONNECTIONS = 4096
+# A standalone client waits for one of this many connections instead of opening one per call
+# in flight: a burst of hundreds of requests on a cold process would otherwise open hundreds of
+# connections at once, and on a starved machine some connects time out (503s, lost settles).
+# A script call holds a connection for well under a millisecond, so 64 serve a busy process.
+MAX_CONNECTIONS = 64
+RETRIES = 2
+
+
+async def connect(url: str, *, cluster: bool = False) -> Any:
+    """A ready client for ``url`` (``redis://`` or ``rediss://`` for TLS, as on ElastiCache).
+
+    A cluster client loads the slot map now, before the first request: clients that start
+    cold under concurrency send to the wrong node and see a burst of MOVED replies.
+    """
+    common: dict[str, Any] = {
+        "socket_timeout": SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "health_check_interval": 30,
+        # A pooled connection the server closed (restart, failover, idle timeout) fails once;
+        # retrying is safe because every script is idempotent or errs toward holding more:
+        # admit and settle by reservation id, extend only over-reserves, usage only reads.
+        # Timeouts are not retried: a hung server should meet the tenant's fail mode quickly.
+        "retry": Retry(
+            ExponentialBackoff(cap=0.25, base=0.02),
+            RETRIES,
+            supported_errors=(RedisConnectionError,),
+        ),
+    }
+    if not cluster:
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=MAX_CONNECTIONS, timeout=SOCKET_TIMEOUT_S, **common
+        )
+        return aioredis.Redis.from_pool(pool)
+    client = RedisCluster.from_url(url, max_connections=CLUSTER_MAX_CONNECTIONS, **common)
+    try:
+        await client.initialize()
+    except (RedisConnectionError, RedisTimeoutError, RedisClusterException, OSError) as e:
+        await client.aclose()
+        raise LedgerUnavailable(f"budget server cluster unreachable at {url}: {e}") from e
+    return client

@@ -1,0 +1,56 @@
+"""The Lua scripts in ``lua/``, read once and registered on a client.
+
+In a source checkout they live in ``<repo>/lua``; in an installed wheel (and the Lambda artifact)
+in ``hardcap_core/lua``. The ledger scripts get ``lib.lua`` prepended so each registered script
+is self-contained on the server. redis-py's script objects call EVALSHA and reload the script
+on NOSCRIPT, so a ``SCRIPT FLUSH`` or a failover to a fresh node costs one extra round trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+LEDGER_SCRIPTS = ("admit", "extend", "settle", "usage")
+STANDALONE_SCRIPTS = ("estimator_record",)
+
+
+def lua_dir() -> Path:
+    """Where the scripts are: packaged in ``hardcap_core/lua``, or the repository's ``lua/``."""
+    package = Path(__file__).resolve().parent.parent  # hardcap_core/
+    packaged = package / "lua"
+    if (packaged / "admit.lua").is_file():
+        return packaged
+    source = package.parent / "lua"
+    if (source / "admit.lua").is_file():
+        return source
+    raise FileNotFoundError(f"Lua scripts not found in {packaged} or {source}")
+
+
+@cache
+def source(name: str) -> str:
+    """The full text sent to the server for script ``name``."""
+    d = lua_dir()
+    body = (d / f"{name}.lua").read_text(encoding="utf-8")
+    if name in LEDGER_SCRIPTS:
+        return (d / "lib.lua").read_text(encoding="utf-8") + "\n" + body
+    return body
+
+
+@dataclass(frozen=True, slots=True)
+class Scripts:
+    """Registered script objects for one client (standalone or cluster)."""
+
+    admit: Any
+    extend: Any
+    settle: Any
+    usage: Any
+    estimator_record: Any
+
+    @classmethod
+    def register(cls, client: Any) -> Scripts:
+        return cls(
+            **{n: client.register_script(source(n)) for n in LEDGER_SCRIPTS + STANDALONE_SCRIPTS}
+        )

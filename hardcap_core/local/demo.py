@@ -1,0 +1,96 @@
+"""``hardcap demo``: the whole stack on one machine, no AWS account, one command.
+
+An embedded Valkey, the mock upstream and the gateway start in this process; then a streamed
+completion goes through the gateway with tenant alpha's demo key, and the tenant's usage is
+printed from ``/v1/hardcap/usage``. Without ``--once`` it keeps serving for curl or an SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import httpx
+
+from hardcap_core import env
+from hardcap_core.local.servers import ThreadServer
+
+DEMO_KEY = "sk-alpha-demo"  # tenant alpha's demo key in hardcap_core/local/demo.yaml
+
+
+def run_demo(config_path: str, port: int, *, once: bool) -> int:
+    from hardcap_core.config import load_config
+    from hardcap_core.gateway.app import create_app
+    from hardcap_core.local.mock_upstream import MockSettings, create_mock_app
+    from hardcap_core.local.valkey import LocalValkey
+    from hardcap_core.logs import logger
+
+    logger.setLevel("WARNING")  # the demo shows the exchange, not the request log
+    config = load_config(config_path)
+    mock_url = httpx.URL(config.upstreams["mock"].base_url)
+    valkey = LocalValkey().start()
+    os.environ[env.REDIS_URL] = valkey.url
+    mock = ThreadServer(create_mock_app(MockSettings(pace_ms=15, seed=7)), mock_url.port or 80)
+    mock.start()
+    gateway = ThreadServer(create_app(load_config(config_path)), port).start()
+    base = f"{gateway.url}/v1"
+    say = print
+    say(f"Valkey (embedded, real server)  {valkey.url}")
+    say(f"Mock upstream                   {mock.url}/v1")
+    say(f"  its ground truth              {mock.url}/mock/ground-truth")
+    say(f"Hardcap gateway                 {base}")
+    try:
+        with httpx.Client(base_url=base, headers={"authorization": f"Bearer {DEMO_KEY}"}) as http:
+            say("\n$ POST /v1/chat/completions  (model demo, stream, max_tokens 120)\n")
+            _stream(http)
+            say("\n$ GET /v1/hardcap/usage\n")
+            usage = http.get("/hardcap/usage")
+            say(_pretty(usage.json()))
+            shown = {k: v for k, v in usage.headers.items() if k.startswith(("x-token", "x-rate"))}
+            say("\nbudget headers: " + _pretty(shown))
+        if once:
+            return 0
+        say(
+            f"\nServing until Ctrl-C. Try:\n  curl -N {base}/chat/completions "
+            f'-H \'authorization: Bearer {DEMO_KEY}\' -d \'{{"model":"demo","stream":true,'
+            f'"messages":[{{"role":"user","content":"hi"}}]}}\'\n'
+            f"  curl {base}/hardcap/usage -H 'authorization: Bearer {DEMO_KEY}'"
+        )
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        gateway.stop()
+        mock.stop()
+        valkey.stop()
+
+
+def _stream(http: httpx.Client) -> None:
+    body = {
+        "model": "demo",
+        "stream": True,
+        "max_tokens": 120,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "Why do LLM gateways need hard budgets?"}],
+    }
+    with http.stream("POST", "/chat/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices") or ():
+                sys.stdout.write(choice.get("delta", {}).get("content") or "")
+                if choice.get("finish_reason"):
+                    sys.stdout.write(f"\n[finish_reason: {choice['finish_reason']}]")
+            if chunk.get("usage"):
+                sys.stdout.write(f"\n[usage: {json.dumps(chunk['usage'])}]")
+            sys.stdout.flush()
+        print("\n[DONE]")
+
+
+def _pretty(data: object) -> str:
+    return json.dumps(data, indent=2)

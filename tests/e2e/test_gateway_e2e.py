@@ -1,0 +1,317 @@
+"""End to end with the official `openai` SDK against the gateway, the mock upstream, real Valkey."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis
+
+from hardcap_core.local.mock_upstream import MockSettings
+from hardcap_core.local.valkey import LocalValkey
+from hardcap_core.logs import logger
+from tests.stack import KEYS, Mock, config_data, gateway_thread
+
+HI = [{"role": "user", "content": "Say something about budgets."}]
+
+
+@pytest.fixture(scope="module")
+def mock() -> Iterator[Mock]:
+    m = Mock(MockSettings(pace_ms=1.0, seed=11))
+    yield m
+    m.stop()
+
+
+@pytest.fixture
+def flushed(valkey: LocalValkey, mock: Mock) -> LocalValkey:
+    with redis.Redis.from_url(valkey.url) as r:
+        r.flushall()
+    mock.reset()
+    return valkey
+
+
+def gateway(mock: Mock, valkey: LocalValkey, **overrides: Any) -> Any:
+    return gateway_thread(config_data(mock.url, valkey.url, **overrides))
+
+
+_clients: list[openai.OpenAI] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _clients:
+        _clients.pop().close()
+
+
+def client(base: str, key: str = KEYS["alpha"]) -> openai.OpenAI:
+    """An SDK client, closed after the test (no leaked keep-alive sockets)."""
+    _clients.append(openai.OpenAI(base_url=base, api_key=key, max_retries=0))
+    return _clients[-1]
+
+
+def usage(base: str, key: str = KEYS["alpha"]) -> dict[str, Any]:
+    r = httpx.get(f"{base}/hardcap/usage", headers={"authorization": f"Bearer {key}"})
+    r.raise_for_status()
+    return {(b["level"], b["dimension"]): b for b in r.json()["budgets"]}
+
+
+def test_non_stream_completion_is_charged_and_carries_budget_headers(
+    mock: Mock, flushed: LocalValkey
+) -> None:
+    with gateway(mock, flushed) as base:
+        raw = client(base).chat.completions.with_raw_response.create(
+            model="small", messages=HI, max_tokens=50, user="alpha"
+        )
+        done = raw.parse()
+        assert done.choices[0].message.content
+        assert done.model == "small"
+        assert done.usage is not None and 1 <= done.usage.completion_tokens <= 50
+        used = usage(base)[("tenant", "total_tokens")]
+        assert used["used"] == done.usage.total_tokens
+        assert used["reserved"] == 0
+        assert int(raw.headers["x-token-budget-remaining"]) == 1_000_000 - used["used"]
+        assert raw.headers["x-ratelimit-remaining-tokens"]
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_stream_with_and_without_usage(
+    mock: Mock, flushed: LocalValkey, include_usage: bool
+) -> None:
+    with gateway(mock, flushed) as base:
+        options = {"include_usage": True} if include_usage else None
+        stream = client(base).chat.completions.create(
+            model="small",
+            messages=HI,
+            max_tokens=80,
+            stream=True,
+            user="alpha",
+            stream_options=options,  # type: ignore[arg-type]
+        )
+        chunks = list(stream)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+        assert text and finishes[-1] in ("stop", "length")
+        with_usage = [c for c in chunks if c.usage is not None]
+        truth = mock.truth("alpha")
+        if include_usage:
+            assert len(with_usage) == 1 and chunks[-1].usage is not None
+            assert chunks[-1].usage.completion_tokens == truth["completion_tokens"]
+        else:
+            # Hardcap asked the provider for usage anyway, and kept it out of this stream.
+            assert with_usage == []
+        assert usage(base)[("tenant", "total_tokens")]["used"] == truth["total_tokens"]
+
+
+def test_tool_calls_stream_and_non_stream(mock: Mock, flushed: LocalValkey) -> None:
+    tools: Any = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    with gateway(mock, flushed) as base:
+        c = client(base)
+        done = c.chat.completions.create(model="small", messages=ask, tools=tools, user="alpha")
+        call = done.choices[0].message.tool_calls[0]  # type: ignore[index]
+        assert call.function.name == "get_weather"  # type: ignore[union-attr]
+        args = ""
+        for chunk in c.chat.completions.create(
+            model="small", messages=ask, tools=tools, stream=True, user="alpha"
+        ):
+            for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                args += tc.function.arguments or "" if tc.function else ""
+        assert args.startswith("{") and args.endswith("}")
+        truth = mock.truth("alpha")
+        assert usage(base)[("tenant", "total_tokens")]["used"] == truth["total_tokens"]
+
+
+def test_models_lists_only_the_routes_a_tenant_may_use(mock: Mock, flushed: LocalValkey) -> None:
+    with gateway(mock, flushed) as base:
+        assert {m.id for m in client(base, KEYS["beta"]).models.list()} == {"small"}
+        assert "reason" in {m.id for m in client(base).models.list()}
+
+
+def test_usage_shows_only_the_callers_tenant(mock: Mock, flushed: LocalValkey) -> None:
+    with gateway(mock, flushed) as base:
+        client(base, KEYS["beta"]).chat.completions.create(model="small", messages=HI, user="b")
+        beta = usage(base, KEYS["beta"])
+        alpha = usage(base)
+        assert {lvl for lvl, _ in beta} == {"tenant", "org"}
+        assert beta[("tenant", "output_tokens")]["used"] > 0
+        assert alpha[("tenant", "total_tokens")]["used"] == 0
+        ids = {b["id"] for b in alpha.values()}
+        assert "beta" not in ids
+
+
+def test_reasoning_stream_truncated_on_a_60_token_output_budget(
+    mock: Mock, flushed: LocalValkey
+) -> None:
+    """The seed's live bug: a reasoning model ran to 400 tokens on a 60-token budget."""
+    budget = [{"dimension": "output_tokens", "limit": 60, "window": "day"}]
+    with gateway(mock, flushed, **{"tenants.0.budgets": budget}) as base:
+        ask = [{"role": "user", "content": "think hard [mock:tokens=400]"}]
+        stream = client(base).chat.completions.create(
+            model="reason",
+            messages=ask,
+            max_tokens=400,
+            stream=True,
+            user="alpha",
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        reasoning = sum(
+            1 for c in chunks if c.choices and getattr(c.choices[0].delta, "reasoning", None)
+        )
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+        assert finishes[-1] == "length"
+        assert reasoning > 0  # the cut came in the reasoning phase, which is counted
+        truth = mock.truth("alpha")
+        assert truth["aborted"] == 1  # the upstream was closed, not drained
+        assert truth["completion_tokens"] <= 60  # within the budget, guard included
+        assert truth["completion_tokens"] >= 60 - 64  # stopped within one extension step
+        row = usage(base)[("tenant", "output_tokens")]
+        assert row["reserved"] == 0 and truth["completion_tokens"] <= row["used"] <= 60
+
+
+def test_client_disconnect_closes_upstream_and_settles(mock: Mock, flushed: LocalValkey) -> None:
+    with gateway(mock, flushed) as base:
+        ask = [{"role": "user", "content": "long one [mock:tokens=800] [mock:pace_ms=5]"}]
+        stream = client(base).chat.completions.create(
+            model="small", messages=ask, max_tokens=1000, stream=True, user="alpha"
+        )
+        for i, _ in enumerate(stream):
+            if i == 20:
+                break
+        stream.close()
+        truth = mock.truth("alpha")
+        assert truth["aborted"] == 1
+        assert truth["completion_tokens"] < 200  # the provider stopped soon after
+        row = usage(base)[("tenant", "total_tokens")]
+        assert row["reserved"] == 0
+        # Charged for what was generated, by the live count (which errs high: ~4 characters
+        # a token, at least one a chunk) plus the small guard; never the whole reservation.
+        assert truth["total_tokens"] <= row["used"] <= truth["total_tokens"] * 2 + 4
+
+
+def test_upstream_dying_mid_stream_ends_with_an_error_event(
+    mock: Mock, flushed: LocalValkey
+) -> None:
+    with gateway(mock, flushed) as base:
+        ask = [{"role": "user", "content": "x [mock:die_after=10] [mock:tokens=100]"}]
+        stream = client(base).chat.completions.create(
+            model="small", messages=ask, stream=True, user="alpha"
+        )
+        with pytest.raises(openai.APIError):
+            list(stream)
+        truth = mock.truth("alpha")
+        row = usage(base)[("tenant", "total_tokens")]
+        assert row["reserved"] == 0
+        assert truth["total_tokens"] <= row["used"] <= truth["total_tokens"] * 2 + 4
+
+
+def test_allow_policy_lets_the_stream_finish(mock: Mock, flushed: LocalValkey) -> None:
+    budget = [{"dimension": "output_tokens", "limit": 60, "window": "day"}]
+    with gateway(mock, flushed, **{"tenants.0.budgets": budget}) as base:
+        ask = [{"role": "user", "content": "x [mock:tokens=50]"}]
+        chunks = list(
+            client(base).chat.completions.create(
+                model="allow", messages=ask, max_tokens=60, stream=True, user="alpha"
+            )
+        )
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        assert mock.truth("alpha")["completion_tokens"] == 50
+
+
+def test_logs_are_structured_and_hold_no_key_or_content(mock: Mock, flushed: LocalValkey) -> None:
+    secret_prompt = "the launch codes are 0000"
+    buffer = io.StringIO()
+    handler = logging.StreamHandler(buffer)
+    handler.setFormatter(logger.registered_formatter)  # the JSON formatter Lambda logs use
+    logger.addHandler(handler)
+    try:
+        with gateway(mock, flushed) as base:
+            done = client(base).chat.completions.create(
+                model="small", messages=[{"role": "user", "content": secret_prompt}], user="alpha"
+            )
+    finally:
+        logger.removeHandler(handler)
+    out = buffer.getvalue()
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    request = [x for x in lines if x.get("message") == "request"]
+    assert request, out
+    assert request[-1]["tenant"] == "alpha"
+    assert request[-1]["key_id"] == "alpha-k"
+    assert request[-1]["status"] == 200
+    assert request[-1]["request_id"]
+    assert KEYS["alpha"] not in out
+    assert secret_prompt not in out
+    assert (done.choices[0].message.content or "")[:20] not in out
+
+
+def test_stream_ends_and_settles_before_the_lambda_deadline(
+    mock: Mock, flushed: LocalValkey
+) -> None:
+    """The Lambda Web Adapter passes the invocation deadline in x-amzn-lambda-context."""
+    with gateway(mock, flushed) as base:
+        # 3.8 s left and a 3 s safety margin: about 0.8 s of streaming on a 10 s reply.
+        deadline_ms = int((time.time() + 3.8) * 1000)
+        context = json.dumps({"request_id": "r-1", "deadline": deadline_ms})
+        ask = [{"role": "user", "content": "x [mock:tokens=200] [mock:pace_ms=50]"}]
+        started = time.monotonic()
+        chunks = list(
+            client(base).chat.completions.create(
+                model="small",
+                messages=ask,
+                max_tokens=300,
+                stream=True,
+                user="alpha",
+                extra_headers={"x-amzn-lambda-context": context},
+            )
+        )
+        took = time.monotonic() - started
+        assert chunks[-1].choices[0].finish_reason == "length"
+        assert 0.5 < took < 2.5
+        truth = mock.truth("alpha")
+        assert truth["aborted"] == 1
+        assert truth["completion_tokens"] < 60
+        row = usage(base)[("tenant", "total_tokens")]
+        assert row["reserved"] == 0
+        assert row["used"] >= truth["total_tokens"]
+
+
+def test_prompts_are_logged_only_when_opted_in(mock: Mock, flushed: LocalValkey) -> None:
+    buffer = io.StringIO()
+    handler = logging.StreamHandler(buffer)
+    handler.setFormatter(logger.registered_formatter)
+    logger.addHandler(handler)
+    try:
+        with gateway(mock, flushed, **{"gateway.log_prompts": True}) as base:
+            c = client(base)
+            c.chat.completions.create(
+                model="small", messages=[{"role": "user", "content": "opt-in prompt"}]
+            )
+            list(
+                c.chat.completions.create(
+                    model="small",
+                    stream=True,
+                    messages=[{"role": "user", "content": "streamed opt-in prompt"}],
+                )
+            )
+    finally:
+        logger.removeHandler(handler)
+    out = buffer.getvalue()
+    assert out.count("completion") >= 2
+    assert "opt-in prompt" in out
+    assert "streamed opt-in prompt" in out

@@ -1,0 +1,250 @@
+"""Every error a client can meet: the status, the OpenAI shape, the matching SDK exception, and
+that a refused or failed request charges nothing and leaks no reservation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis
+
+from hardcap_core.local.mock_upstream import MockSettings
+from hardcap_core.local.valkey import LocalValkey, free_port
+from tests.stack import KEYS, Mock, config_data, gateway_thread
+
+HI = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(scope="module")
+def mock() -> Iterator[Mock]:
+    m = Mock(MockSettings(pace_ms=0.5, seed=5))
+    yield m
+    m.stop()
+
+
+@pytest.fixture
+def base(valkey: LocalValkey, mock: Mock) -> Iterator[str]:
+    with redis.Redis.from_url(valkey.url) as r:
+        r.flushall()
+    mock.reset()
+    with gateway_thread(config_data(mock.url, valkey.url)) as url:
+        yield url
+
+
+@pytest.fixture
+def sdk() -> Iterator[Callable[..., openai.OpenAI]]:
+    """Make SDK clients; each is closed after the test (no leaked keep-alive sockets)."""
+    made: list[openai.OpenAI] = []
+
+    def make(base: str, key: str = KEYS["alpha"]) -> openai.OpenAI:
+        made.append(openai.OpenAI(base_url=base, api_key=key, max_retries=0))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def nothing_charged(base: str, key: str = KEYS["alpha"]) -> None:
+    r = httpx.get(f"{base}/hardcap/usage", headers={"authorization": f"Bearer {key}"})
+    body = r.json()
+    assert body["live_reservations"] == 0
+    for row in body["budgets"]:
+        assert (row["used"], row["reserved"]) == (0, 0), row
+
+
+def post(base: str, body: bytes | str, key: str | None = KEYS["alpha"]) -> httpx.Response:
+    headers = {"content-type": "application/json"}
+    if key is not None:
+        headers["authorization"] = f"Bearer {key}"
+    return httpx.post(f"{base}/chat/completions", content=body, headers=headers)
+
+
+BAD_BODIES = [
+    ("invalid JSON", b'{"model": "small", "messages": [', None),
+    ("not an object", b"[1, 2]", None),
+    ("missing messages", b'{"model": "small"}', "messages"),
+    ("empty messages", b'{"model": "small", "messages": []}', "messages"),
+    ("messages wrong type", b'{"model": "small", "messages": "hi"}', "messages"),
+    ("bad role", b'{"model": "small", "messages": [{"role": "robot"}]}', "messages[0].role"),
+    ("missing model", b'{"messages": [{"role": "user", "content": "x"}]}', "model"),
+    ("model wrong type", b'{"model": 5, "messages": [{"role": "user", "content": "x"}]}', "model"),
+    (
+        "stream wrong type",
+        b'{"model":"small","stream":"yes","messages":[{"role":"user","content":"x"}]}',
+        "stream",
+    ),
+    (
+        "max_tokens string",
+        b'{"model":"small","max_tokens":"9","messages":[{"role":"user","content":"x"}]}',
+        "max_tokens",
+    ),
+    (
+        "max_tokens negative",
+        b'{"model":"small","max_tokens":-5,"messages":[{"role":"user","content":"x"}]}',
+        "max_tokens",
+    ),
+    (
+        "max_tokens absurd",
+        b'{"model":"small","max_tokens":10000000,"messages":[{"role":"user","content":"x"}]}',
+        "max_tokens",
+    ),
+    ("n > 1", b'{"model":"small","n":3,"messages":[{"role":"user","content":"x"}]}', "n"),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "param"), BAD_BODIES, ids=[c[0] for c in BAD_BODIES])
+def test_bad_input_is_a_clear_400_and_costs_nothing(
+    base: str, mock: Mock, case: str, body: bytes, param: str | None
+) -> None:
+    r = post(base, body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"]
+    assert error["param"] == param
+    assert r.headers["x-token-budget-remaining"]  # budget headers on errors too
+    nothing_charged(base)
+    assert mock.truth("alpha") == {}
+
+
+def test_sdk_raises_bad_request_naming_the_field(
+    base: str, sdk: Callable[..., openai.OpenAI]
+) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk(base).chat.completions.create(model="small", messages=HI, max_tokens=999_999)
+    assert e.value.param == "max_tokens"
+    nothing_charged(base)
+
+
+def test_missing_and_unknown_keys(base: str, sdk: Callable[..., openai.OpenAI]) -> None:
+    r = post(base, b"{}", key=None)
+    assert r.status_code == 401
+    assert r.json()["error"]["code"] == "missing_api_key"
+    with pytest.raises(openai.AuthenticationError) as e:
+        sdk(base, "sk-not-a-key").chat.completions.create(model="small", messages=HI)
+    assert e.value.code == "invalid_api_key"
+    r = httpx.get(f"{base}/hardcap/usage", headers={"authorization": "Bearer nope"})
+    assert r.status_code == 401
+
+
+def test_unknown_model_is_404_and_a_forbidden_one_403(
+    base: str, sdk: Callable[..., openai.OpenAI]
+) -> None:
+    with pytest.raises(openai.NotFoundError) as e:
+        sdk(base).chat.completions.create(model="gpt-nope", messages=HI)
+    assert e.value.code == "model_not_found"
+    with pytest.raises(openai.PermissionDeniedError):
+        sdk(base, KEYS["beta"]).chat.completions.create(model="reason", messages=HI)
+    nothing_charged(base)
+    nothing_charged(base, KEYS["beta"])
+
+
+def test_oversized_body_is_413(base: str) -> None:
+    big = '{"model":"small","messages":[{"role":"user","content":"' + "x" * 300_000 + '"}]}'
+    r = post(base, big)
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "request_too_large"
+    nothing_charged(base)
+
+
+def _gateway(valkey: LocalValkey, mock: Mock, **overrides: Any) -> Any:
+    with redis.Redis.from_url(valkey.url) as r:
+        r.flushall()
+    return gateway_thread(config_data(mock.url, valkey.url, **overrides))
+
+
+def test_budget_busy_then_exceeded(
+    valkey: LocalValkey, mock: Mock, sdk: Callable[..., openai.OpenAI]
+) -> None:
+    budgets = [{"dimension": "total_tokens", "limit": 300, "window": "day"}]
+    with _gateway(valkey, mock, **{"tenants.0.budgets": budgets}) as url:
+        c = sdk(url)
+        # A stream with max_tokens 280 holds nearly all of the 300 while it runs ...
+        stream = c.chat.completions.create(
+            model="small",
+            messages=[{"role": "user", "content": "x [mock:tokens=5] [mock:pace_ms=300]"}],
+            max_tokens=280,
+            stream=True,
+            user="alpha",
+        )
+        # ... so another request is busy (it would fit with nothing in flight), not exceeded.
+        with pytest.raises(openai.RateLimitError) as busy:
+            c.chat.completions.create(model="small", messages=HI, max_tokens=100)
+        assert busy.value.code == "budget_busy"
+        assert busy.value.response.headers["retry-after"] == "1"
+        list(stream)  # settles at what it really used: the hold is released
+        spend = [{"role": "user", "content": "x [mock:tokens=270]"}]
+        c.chat.completions.create(model="small", messages=spend, max_tokens=280, user="alpha")
+        with pytest.raises(openai.RateLimitError) as spent:
+            c.chat.completions.create(model="small", messages=HI, max_tokens=1024)
+        assert spent.value.code == "budget_exceeded"
+        assert "tenant alpha" in spent.value.message
+        assert int(spent.value.response.headers["retry-after"]) > 1
+        assert (
+            spent.value.response.headers["x-token-budget-remaining"] == "0"
+            or int(spent.value.response.headers["x-token-budget-remaining"]) < 16
+        )
+        truth = mock.truth("alpha")
+        assert truth["total_tokens"] <= 300
+
+
+def test_rate_limited(valkey: LocalValkey, mock: Mock, sdk: Callable[..., openai.OpenAI]) -> None:
+    with _gateway(valkey, mock, **{"tenants.1.rate_limits": {"requests_per_minute": 2}}) as url:
+        c = sdk(url, KEYS["beta"])
+        for _ in range(2):
+            c.chat.completions.create(model="small", messages=HI, max_tokens=5)
+        with pytest.raises(openai.RateLimitError) as limited:
+            c.chat.completions.create(model="small", messages=HI, max_tokens=5)
+        assert limited.value.code == "rate_limited"
+        headers = limited.value.response.headers
+        assert headers["x-ratelimit-remaining-requests"] == "0"
+        assert 1 <= int(headers["retry-after"]) <= 60
+
+
+def test_provider_errors_map_to_502_and_504_and_charge_nothing(
+    valkey: LocalValkey, mock: Mock, sdk: Callable[..., openai.OpenAI]
+) -> None:
+    with _gateway(valkey, mock) as url:
+        c = sdk(url)
+        fail = [{"role": "user", "content": "x [mock:status=503]"}]
+        for stream in (False, True):
+            with pytest.raises(openai.InternalServerError) as e:
+                c.chat.completions.create(model="small", messages=fail, stream=stream)
+            assert e.value.status_code == 502
+        slow = [{"role": "user", "content": "x [mock:tokens=3] [mock:pace_ms=8000]"}]
+        with pytest.raises(openai.APIStatusError) as timeout:
+            c.chat.completions.create(model="small", messages=slow, timeout=30)
+        assert timeout.value.status_code == 504
+        nothing_charged(url)
+
+
+def test_provider_unreachable_is_502(
+    valkey: LocalValkey, mock: Mock, sdk: Callable[..., openai.OpenAI]
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    with _gateway(valkey, mock, **{"upstreams.0.base_url": f"{dead}/v1"}) as url:
+        with pytest.raises(openai.InternalServerError) as e:
+            sdk(url).chat.completions.create(model="small", messages=HI, stream=True)
+        assert e.value.status_code == 502
+        nothing_charged(url)
+
+
+def test_budget_server_down_fails_closed_or_open_per_tenant(
+    mock: Mock, sdk: Callable[..., openai.OpenAI]
+) -> None:
+    server = LocalValkey().start()
+    url = server.url
+    server.stop()  # nothing listens there now
+    with gateway_thread(config_data(mock.url, url)) as base:
+        with pytest.raises(openai.InternalServerError) as e:
+            sdk(base).chat.completions.create(model="small", messages=HI)
+        assert e.value.status_code == 503
+        assert e.value.code == "ledger_unavailable"
+        done = sdk(base, KEYS["open"]).chat.completions.create(
+            model="small", messages=HI, user="open"
+        )
+        assert done.choices[0].message.content

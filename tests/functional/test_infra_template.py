@@ -1,0 +1,346 @@
+"""The SAM template: it lints clean, and it agrees with the code it deploys.
+
+Agreement is checked both ways: every environment variable the shipped code reads is set by the
+template (or by Lambda itself), and every variable the template sets is read by the code or by
+a component named here (Powertools, the Lambda Web Adapter). So a renamed constant in
+``hardcap_core/env.py`` or a typo in the template fails here, not in a deployed function.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aws_lambda_powertools.shared.constants as powertools_constants
+import httpx
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "infra" / "template.yaml"
+MAKEFILE = ROOT / "infra" / "Makefile"
+
+# The code each function runs besides the shipped part of hardcap_core. A function added to the
+# template must be added here, or test_every_function_is_mapped fails.
+FUNCTION_CODE = {"GatewayFunction": [ROOT / "functions" / "gateway"]}
+
+# Variables the template sets that no Hardcap code reads, and who reads them instead.
+READ_BY_COMPONENT = {
+    # Powertools Logger (hardcap_core/logs.py): the log level of every function.
+    "POWERTOOLS_LOG_LEVEL": "powertools",
+    # The Lambda runtime runs this wrapper (the Web Adapter's bootstrap) instead of itself.
+    "AWS_LAMBDA_EXEC_WRAPPER": "lambda-web-adapter",
+    # Read by the Lambda Web Adapter: stream responses, and where its readiness check polls.
+    "AWS_LWA_INVOKE_MODE": "lambda-web-adapter",
+    "AWS_LWA_READINESS_CHECK_PATH": "lambda-web-adapter",
+    # Read by the adapter too, not only by run.sh: both must use the same port.
+    "AWS_LWA_PORT": "lambda-web-adapter",
+}
+
+# Variables the code reads that Lambda sets in every execution environment.
+SET_BY_LAMBDA = {"LAMBDA_TASK_ROOT", "LAMBDA_RUNTIME_DIR", "PYTHONPATH"}
+
+# Reads whose name is data, not code: the config's `api_key_env` names a variable the operator
+# adds to the function (docs/deploy.md says how). (file, the expression holding the name)
+DYNAMIC_READS = {("hardcap_core/config/secrets.py", "source.name")}
+
+
+class _CfnLoader(yaml.SafeLoader):
+    """Reads CloudFormation's short tags (!Ref, !Sub, ...) as their long ``Fn::`` forms."""
+
+
+def _tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dict[str, Any]:
+    if isinstance(node, yaml.ScalarNode):
+        value: Any = loader.construct_scalar(node)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        assert isinstance(node, yaml.MappingNode)
+        value = loader.construct_mapping(node, deep=True)
+    if suffix == "Ref":
+        return {"Ref": value}
+    if suffix == "GetAtt" and isinstance(value, str):
+        value = value.split(".", 1)
+    return {f"Fn::{suffix}": value}
+
+
+_CfnLoader.add_multi_constructor("!", _tag)
+
+
+def load_template(path: Path = TEMPLATE) -> dict[str, Any]:
+    """The template as a dict; intrinsic functions stay unevaluated."""
+    data: dict[str, Any] = yaml.load(path.read_text(), Loader=_CfnLoader)
+    return data
+
+
+def dev_only_modules() -> set[str]:
+    """Paths under hardcap_core/ (modules or folders) the Makefile leaves out of the artifact."""
+    match = re.search(r"^DEV_ONLY := (.+)$", MAKEFILE.read_text(), re.MULTILINE)
+    assert match, "infra/Makefile defines DEV_ONLY"
+    return set(match.group(1).split())
+
+
+def shipped_core_modules() -> list[Path]:
+    """The hardcap_core modules that go into the artifact."""
+    core = ROOT / "hardcap_core"
+    dev = dev_only_modules()
+    return sorted(
+        p for p in core.rglob("*.py") if p.relative_to(core).parts[0] not in dev
+    )
+
+
+def function_env(template: dict[str, Any], logical_id: str) -> dict[str, Any]:
+    """The environment of a function: Globals merged with its own, as SAM merges them."""
+    merged: dict[str, Any] = {}
+    globals_fn = template.get("Globals", {}).get("Function", {})
+    merged.update(globals_fn.get("Environment", {}).get("Variables", {}))
+    props = template["Resources"][logical_id]["Properties"]
+    merged.update(props.get("Environment", {}).get("Variables", {}))
+    return merged
+
+
+# ------------------------------------------------------------------ reading the code
+
+
+def _is_environ(node: ast.expr) -> bool:
+    text = ast.unparse(node)
+    return text in ("environ", "env", "os.environ") or text.endswith(".environ")
+
+
+def _constants(tree: ast.Module) -> dict[str, str]:
+    return {
+        t.id: n.value.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+        and isinstance(n.value.value, str)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }  # fmt: skip
+
+
+ENV_CONSTANTS = _constants(ast.parse((ROOT / "hardcap_core" / "env.py").read_text()))
+
+
+def _resolve(arg: ast.expr, local: dict[str, str]) -> str | None:
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.Name):
+        return local.get(arg.id)
+    if isinstance(arg, ast.Attribute) and ast.unparse(arg.value) == "env":
+        return ENV_CONSTANTS.get(arg.attr)
+    return None
+
+
+def _env_name_argument(node: ast.AST) -> ast.expr | None:
+    """The expression naming the variable, if ``node`` reads the environment."""
+    if isinstance(node, ast.Call) and node.args:
+        f = node.func
+        is_get = isinstance(f, ast.Attribute) and f.attr in ("get", "pop") and _is_environ(f.value)
+        if is_get or ast.unparse(f) in ("os.getenv", "getenv"):
+            return node.args[0]
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+        return node.slice if _is_environ(node.value) else None
+    if isinstance(node, ast.Compare) and isinstance(node.ops[-1], ast.In):
+        return node.left if _is_environ(node.comparators[-1]) else None
+    return None
+
+
+def python_env_reads(path: Path) -> tuple[set[str], set[str]]:
+    """(names read, expressions that could not be resolved to a name) in one Python file."""
+    tree = ast.parse(path.read_text())
+    local = _constants(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in ("env", "hardcap_core.env"):
+            local.update({a.asname or a.name: ENV_CONSTANTS[a.name] for a in node.names})
+    names: set[str] = set()
+    unresolved: set[str] = set()
+    for node in ast.walk(tree):
+        arg = _env_name_argument(node)
+        if arg is None:
+            continue
+        name = _resolve(arg, local)
+        if name is None:
+            unresolved.add(ast.unparse(arg))
+        else:
+            names.add(name)
+    return names, unresolved
+
+
+def shell_env_reads(path: Path) -> set[str]:
+    """Upper-case variables a shell script expands (its own variables are lower case)."""
+    text = "\n".join(line.split("#", 1)[0] for line in path.read_text().splitlines())
+    return set(re.findall(r"\$\{?([A-Z_][A-Z0-9_]*)", text))
+
+
+def code_env_reads(logical_id: str) -> dict[str, list[str]]:
+    """Every variable the function's code reads, with where it is read."""
+    files = shipped_core_modules()
+    for folder in FUNCTION_CODE[logical_id]:
+        files += sorted(folder.rglob("*.py")) + sorted(folder.rglob("*.sh"))
+    reads: dict[str, list[str]] = {}
+    for path in files:
+        rel = path.relative_to(ROOT).as_posix()
+        if path.suffix == ".sh":
+            names = shell_env_reads(path)
+        else:
+            names, unresolved = python_env_reads(path)
+            unknown = {(rel, expr) for expr in unresolved} - DYNAMIC_READS
+            assert not unknown, f"environment reads the test cannot name: {sorted(unknown)}"
+        for name in names:
+            reads.setdefault(name, []).append(rel)
+    return reads
+
+
+# ------------------------------------------------------------------ the tests
+
+
+def test_reader_finds_the_known_reads() -> None:
+    """Guards the scanner itself: it must see the reads this test exists for."""
+    reads = code_env_reads("GatewayFunction")
+    for name in ENV_CONSTANTS.values():
+        assert name in reads, f"{name} (hardcap_core/env.py) is not found read anywhere"
+    assert "POWERTOOLS_PARAMETERS_MAX_AGE" in reads  # hardcap_core/config/secrets.py, via a constant
+    assert "AWS_LWA_PORT" in reads  # run.sh
+
+
+def test_every_function_is_mapped() -> None:
+    functions = {
+        name
+        for name, res in load_template()["Resources"].items()
+        if res["Type"] in ("AWS::Serverless::Function", "AWS::Lambda::Function")
+    }
+    assert functions == set(FUNCTION_CODE)
+
+
+@pytest.mark.parametrize("logical_id", sorted(FUNCTION_CODE))
+def test_code_reads_only_what_the_template_sets(logical_id: str) -> None:
+    env = function_env(load_template(), logical_id)
+    reads = code_env_reads(logical_id)
+    missing = {n: where for n, where in reads.items() if n not in env and n not in SET_BY_LAMBDA}
+    assert not missing, f"read by the code but not set by the template: {missing}"
+
+
+@pytest.mark.parametrize("logical_id", sorted(FUNCTION_CODE))
+def test_template_sets_only_what_is_read(logical_id: str) -> None:
+    env = function_env(load_template(), logical_id)
+    reads = code_env_reads(logical_id)
+    unread = sorted(n for n in env if n not in reads and n not in READ_BY_COMPONENT)
+    assert not unread, f"set by the template but read by nothing: {unread}"
+
+
+def test_component_variables_are_real() -> None:
+    """The names credited to Powertools are Powertools' own, so a typo there fails too."""
+    known = {v for v in vars(powertools_constants).values() if isinstance(v, str)}
+    for name, component in READ_BY_COMPONENT.items():
+        if component == "powertools":
+            assert name in known, f"{name} is not a Powertools setting"
+        else:
+            assert name.startswith(("AWS_LWA_", "AWS_LAMBDA_EXEC_WRAPPER")), name
+
+
+def test_streaming_settings_agree() -> None:
+    """The URL streams, the adapter streams, and the handler is the adapter's script."""
+    template = load_template()
+    env = function_env(template, "GatewayFunction")
+    url = template["Resources"]["GatewayFunctionUrl"]["Properties"]
+    assert url["InvokeMode"] == "RESPONSE_STREAM"
+    assert env["AWS_LWA_INVOKE_MODE"] == "response_stream"
+    assert env["AWS_LAMBDA_EXEC_WRAPPER"] == "/opt/bootstrap"
+    props = template["Resources"]["GatewayFunction"]["Properties"]
+    script = ROOT / "functions" / "gateway" / props["Handler"]
+    assert script.is_file() and os.access(script, os.X_OK)
+    assert template["Globals"]["Function"]["Runtime"] == "python3.13"
+
+
+async def test_readiness_path_answers_without_a_key() -> None:
+    """The adapter polls this path before the first invocation: it must answer 2xx unauthed."""
+    from hardcap_core.config import parse_config
+    from hardcap_core.gateway.app import create_app
+
+    path = function_env(load_template(), "GatewayFunction")["AWS_LWA_READINESS_CHECK_PATH"]
+    app = create_app(parse_config({"gateway": {"redis_url": "redis://127.0.0.1:1"}}))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        response = await client.get(path)
+    assert response.status_code == 200
+
+
+def test_config_path_is_in_the_artifact_root() -> None:
+    """HARDCAP_CONFIG names the file the Makefile copies to the artifact's root."""
+    env = function_env(load_template(), "GatewayFunction")
+    assert env["HARDCAP_CONFIG"] == "/var/task/config.yaml"
+    assert '"$(ARTIFACTS_DIR)/config.yaml"' in MAKEFILE.read_text()
+
+
+def test_lock_pins_every_dependency_with_hashes() -> None:
+    """Two builds a month apart install the same files: == pins with hashes, nothing more."""
+    pins = lock_pins()
+    for name in ("redis", "hiredis", "pydantic", "pydantic-core", "pyyaml", "starlette",
+                 "uvicorn", "httpx", "aws-lambda-powertools", "mangum"):  # fmt: skip
+        assert name in pins, f"{name} is missing from infra/requirements-lambda.txt"
+    assert not {"boto3", "botocore"} & set(pins), "the Lambda runtime ships boto3"
+    text = (ROOT / "infra" / "requirements-lambda.txt").read_text()
+    for block in re.split(r"\n(?=[a-z])", text.split("\n", 1)[1]):
+        assert "--hash=sha256:" in block, f"no hash for {block.splitlines()[0]}"
+
+
+def lock_pins() -> dict[str, str]:
+    """Normalized project name -> pinned version, from infra/requirements-lambda.txt."""
+    text = (ROOT / "infra" / "requirements-lambda.txt").read_text()
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==([^\s\\]+)", text, re.MULTILINE))
+    return {re.sub(r"[-_.]+", "-", k).lower(): v for k, v in pins.items()}
+
+
+# ------------------------------------------------------------------ the real SAM CLI
+
+
+def sam_cli() -> str:
+    """The `sam` executable; CI must have it (see infra/requirements-tools.txt)."""
+    found = shutil.which("sam")
+    if found is None:
+        message = "SAM CLI not on PATH: pip install -r infra/requirements-tools.txt"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+def sam_env(app_dir: Path) -> dict[str, str]:
+    """An environment in which sam talks to nothing: no telemetry, no version check, fake
+    credentials and region for commands that want them."""
+    app_dir.mkdir(parents=True, exist_ok=True)
+    # SAM CLI checks PyPI for a newer version once a week: tell it it just did.
+    (app_dir / "metadata.json").write_text(
+        f'{{"lastVersionCheck": {time.time()}, "telemetryEnabled": false}}'
+    )
+    return {
+        **os.environ,
+        "SAM_CLI_TELEMETRY": "0",
+        "__SAM_CLI_APP_DIR": str(app_dir),
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+
+
+@pytest.fixture
+def sam(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    yield sam_cli(), sam_env(tmp_path / "sam-app")
+
+
+def test_sam_validate_lint(sam: tuple[str, dict[str, str]]) -> None:
+    exe, env = sam
+    result = subprocess.run(
+        [exe, "validate", "--lint", "--template", str(TEMPLATE)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr

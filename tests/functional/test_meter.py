@@ -1,0 +1,125 @@
+"""The meter's cut decision and cut charge against a real ledger on a real Valkey.
+
+Time is a hand-driven clock, so a gateway that reads behind its provider (starved of CPU, or
+waiting on a round trip) can be replayed exactly. Each test reads like a stream: reads of
+tokens arrive, the relay asks to forward them, and the budget refuses to grow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hardcap_core.budgets import Dimension
+from hardcap_core.gateway.meter import Meter, MeterSettings
+from hardcap_core.ledger.client import FREE, Admitted, Ledger
+from hardcap_core.ledger.estimators import MaxTokensEstimator
+from tests.conftest import TENANT, scope
+
+PACE_S = 0.01  # the provider: 100 tokens per second
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def hold(client: Any, budget: int, reserve: int, clock: Clock) -> Meter:
+    """A meter on a fresh reservation of ``reserve`` output tokens in a ``budget``-token budget."""
+    ledger = Ledger(client)
+    s = scope((TENANT, Dimension.OUTPUT_TOKENS, budget, "day"), levels=(TENANT,))
+    admitted = await ledger.admit(s, input_tokens=0, output_estimate=reserve)
+    assert isinstance(admitted, Admitted)
+    return Meter(
+        ledger,
+        s,
+        admitted.reservation,
+        MeterSettings(),
+        input_estimate=0,
+        estimator=MaxTokensEstimator(),
+        route="r",
+        prices=FREE,
+        clock=clock,
+    )
+
+
+async def stream_in_step(meter: Meter, clock: Clock, tokens: int) -> int:
+    """Read and forward ``tokens`` one per read at the provider's pace; how many went out."""
+    sent = 0
+    for _ in range(tokens):
+        clock.now += PACE_S
+        meter.note_read(1)
+        if not await meter.make_room(1):
+            return sent
+        sent += 1
+    return sent
+
+
+async def test_a_gateway_in_step_forwards_up_to_a_small_guard_and_charges_it(
+    standalone_client: Any,
+) -> None:
+    clock = Clock()
+    meter = await hold(standalone_client, budget=100, reserve=100, clock=clock)
+    meter.note_read(0)  # the role chunk
+    sent = await stream_in_step(meter, clock, 200)
+    assert meter.cut and meter.exhausted  # the budget held nothing more to extend with
+    # Stopped short by the guard: 4 tokens + 100 tokens/s x 50 ms to notice the close.
+    assert 100 - 4 - 6 <= sent <= 100 - 4 - 5
+    charged = meter.cut_charge()
+    assert sent + 1 < charged <= 100  # the refused token and the ones in flight, within the hold
+
+
+async def test_a_gateway_behind_its_provider_stops_earlier_by_the_backlog(
+    standalone_client: Any,
+) -> None:
+    clock = Clock()
+    meter = await hold(standalone_client, budget=100, reserve=100, clock=clock)
+    meter.note_read(0)
+    assert await stream_in_step(meter, clock, 40) == 40
+    # Starved for 300 ms: the next read brings 30 tokens at once, and the provider goes on.
+    clock.now += 0.3
+    meter.note_read(30)
+    read_at, forwarded = clock.now, 0
+    for _ in range(30):
+        clock.now += 0.02  # slow to forward each (the CPU is still contended)
+        if not await meter.make_room(1):
+            break
+        forwarded += 1
+    assert meter.cut
+    # At the cut, what the provider has generated (what we read, plus its pace since the read)
+    # still fits in the reservation, and the charge covers it: in hand counts, forwarded or not.
+    provider_at_cut = 40 + 30 + round((clock.now - read_at) / PACE_S)
+    assert provider_at_cut <= meter.cut_charge() <= 100
+    assert forwarded < 30
+
+
+async def test_a_first_read_with_a_backlog_does_not_inflate_the_speed(
+    standalone_client: Any,
+) -> None:
+    clock = Clock()
+    meter = await hold(standalone_client, budget=1000, reserve=1000, clock=clock)
+    meter.note_read(200)  # the first read: everything since the request was sent
+    clock.now += PACE_S
+    meter.note_read(1)
+    # 1 token in 10 ms is measured over at least 100 ms: 10 tokens/s, not 20,000.
+    assert meter.in_flight() <= 4 + 1
+    assert await meter.make_room(200)
+    assert meter.in_hand == 1
+
+
+async def test_received_tokens_are_charged_even_past_the_reservation(
+    standalone_client: Any,
+) -> None:
+    clock = Clock()
+    meter = await hold(standalone_client, budget=50, reserve=50, clock=clock)
+    meter.note_read(0)
+    assert await stream_in_step(meter, clock, 30) == 30
+    clock.now += 0.5
+    meter.note_read(40)  # a provider that ignored the pace: 70 tokens exist, 50 were held
+    assert not await meter.make_room(1)
+    assert meter.cut_charge() == 70  # what arrived, not the reservation: the ledger shows it
+    await meter.settle(input_tokens=None, output_tokens=meter.cut_charge(), truncated=True)
+    remaining = {b.budget.dimension: b.remaining for b in meter.final_budgets}
+    assert remaining[Dimension.OUTPUT_TOKENS] == 50 - 70
