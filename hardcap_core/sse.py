@@ -1,7 +1,12 @@
 """Incremental parsing of a server-sent event stream, as providers send chat completions.
 
-Only ``data:`` fields matter for chat completions; an event's data lines are joined with
-newlines (per the SSE spec), comments and other fields are skipped.
+Follows the WHATWG event-stream interpretation rules for what chat completions need: lines
+end with CRLF, LF or a bare CR; one UTF-8 BOM at the start of the stream is ignored; bytes
+that are not UTF-8 become U+FFFD rather than failing the stream; an event's ``data`` lines
+(``data`` with no colon is an empty one) are joined with newlines, and a blank line dispatches
+the event if it has any data. Comments and the other fields (``event``, ``id``, ``retry``)
+are skipped. Unlike a browser, :meth:`SSEParser.flush` still delivers an event the provider
+did not terminate with a blank line before closing.
 """
 
 from __future__ import annotations
@@ -12,37 +17,76 @@ from typing import Any
 
 DONE = "[DONE]"
 
+_BOM = b"\xef\xbb\xbf"
+_LF = 0x0A
+_CR = 0x0D
+
 
 class SSEParser:
-    """Feed it bytes as they arrive; it yields the data of each complete event."""
+    """Feed it bytes as they arrive; it yields the data of each complete event.
+
+    Each :meth:`feed` parses its bytes when called (the returned iterator only hands out the
+    events), so the parser's state never depends on how far a caller iterates.
+    """
 
     def __init__(self) -> None:
-        self._buffer = b""
-        self._data: list[str] = []
+        self._buffer = b""  # the start of a line whose end has not arrived yet
+        self._data: list[bytes] = []  # the data lines of the event in progress
+        self._at_start = True  # a BOM may still come
+        self._after_cr = False  # the last line ended with CR: an LF next belongs to it
 
     def feed(self, chunk: bytes) -> Iterator[str]:
-        self._buffer += chunk
-        while True:
-            cut = self._buffer.find(b"\n")
-            if cut < 0:
-                return
-            raw, self._buffer = self._buffer[:cut], self._buffer[cut + 1 :]
-            line = raw.rstrip(b"\r").decode("utf-8")
-            if not line:
-                if self._data:
-                    yield "\n".join(self._data)
-                    self._data = []
-            elif line.startswith("data:"):
-                value = line[5:]
-                self._data.append(value[1:] if value.startswith(" ") else value)
+        """The data of each event this read completes; a partial line waits for the next."""
+        if not chunk:
+            return iter(())
+        buf = self._buffer + chunk if self._buffer else chunk
+        if self._after_cr:
+            self._after_cr = False
+            if buf[0] == _LF:
+                buf = buf[1:]
+        if self._at_start:
+            if len(buf) < len(_BOM) and _BOM.startswith(buf):
+                self._buffer = buf
+                return iter(())
+            self._at_start = False
+            if buf.startswith(_BOM):
+                buf = buf[len(_BOM) :]
+        if not buf:
+            self._buffer = b""
+            return iter(())
+        # bytes.splitlines breaks at exactly CRLF, LF and CR, the spec's line ends.
+        lines = buf.splitlines()
+        last = buf[-1]
+        if last in (_LF, _CR):
+            self._buffer = b""
+            self._after_cr = last == _CR
+        else:
+            self._buffer = lines.pop()
+        return iter(self._lines(lines))
 
     def flush(self) -> Iterator[str]:
-        """Whatever complete event is left when the stream ends without a final blank line."""
-        if self._buffer:
-            yield from self.feed(b"\n")
-        if self._data:
-            yield "\n".join(self._data)
-            self._data = []
+        """What is left when the stream ends: the unterminated event, if it has data."""
+        lines = [self._buffer, b""] if self._buffer else [b""]
+        self._buffer = b""
+        self._after_cr = False
+        return iter(self._lines(lines))
+
+    def _lines(self, lines: list[bytes]) -> list[str]:
+        events: list[str] = []
+        data = self._data
+        for line in lines:
+            if not line:
+                if data:
+                    events.append(b"\n".join(data).decode("utf-8", "replace"))
+                    data = []
+            elif line.startswith(b"data: "):
+                data.append(line[6:])
+            elif line.startswith(b"data:"):
+                data.append(line[5:])
+            elif line == b"data":
+                data.append(b"")
+        self._data = data
+        return events
 
 
 def encode(payload: dict[str, Any] | str) -> bytes:
