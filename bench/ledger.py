@@ -56,7 +56,7 @@ from hardcap_core.budgets import (
     Scope,
     Window,
 )
-from hardcap_core.ledger.client import Admitted, Extended, Ledger, Reservation
+from hardcap_core.ledger import Admitted, Extended, Ledger, Reservation
 from hardcap_core.ledger.connection import connect
 from hardcap_core.ledger.estimators import SharedP95Estimator
 from hardcap_core.local.valkey import LocalValkey

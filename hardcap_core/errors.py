@@ -1,9 +1,11 @@
 """Every error Hardcap raises, in one tree.
 
-Lower-level errors (redis-py, httpx, pydantic) are translated into these at one boundary each:
-the ledger client for the cache, the upstream client for providers, the request parser for
-bodies. The gateway turns a :class:`GatewayError` into an OpenAI-shaped JSON error, so the
-official SDKs raise the matching exception (``AuthenticationError``, ``RateLimitError``, ...).
+Lower-level errors are translated into these at one boundary each: redis-py's in
+:mod:`hardcap_core.ledger.connection`, httpx's and providers' error statuses in
+:mod:`hardcap_core.providers.http`, bad bodies in the wire format's parser. The app turns a
+:class:`GatewayError` into the error body of the endpoint's wire format (for OpenAI chat:
+:func:`hardcap_core.wire.openai_chat.error_body`), so the official SDKs raise the matching
+exception (``AuthenticationError``, ``RateLimitError``, ...).
 """
 
 from __future__ import annotations
@@ -51,16 +53,6 @@ class GatewayError(HardcapError):
             self.code = code
         self.headers = dict(headers or {})
 
-    def body(self) -> dict[str, object]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "code": self.code,
-                "param": self.param,
-            }
-        }
-
 
 class InvalidRequest(GatewayError):
     status = 400
@@ -84,6 +76,12 @@ class NotFound(GatewayError):
     status = 404
     type = "invalid_request_error"
     code = "model_not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
 
 
 class PayloadTooLarge(GatewayError):

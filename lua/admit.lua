@@ -1,7 +1,7 @@
 -- admit.lua: check rate limits and every budget a request touches, then reserve its estimate.
 --
 -- KEYS[1]  hc:{root}:reserved   hash  budget field -> tokens or nUSD held by live reservations
--- KEYS[2]  hc:{root}:res        hash  reservation id -> JSON record (fields, dims, in, out, prices)
+-- KEYS[2]  hc:{root}:res        hash  reservation id -> JSON record (fields, dims, in, out, prices, meta)
 -- KEYS[3]  hc:{root}:exp        zset  reservation id -> expiry, epoch ms (server clock)
 -- KEYS[4]  hc:{root}:rl         hash  rate-limit state per level (sliding minute, token bucket)
 -- KEYS[5]  hc:{root}:s:<reservation id>  string  set once this id was settled
@@ -11,7 +11,9 @@
 -- ARGV[2]  reservation TTL, ms (a live stream refreshes it with extend)
 -- ARGV[3]  JSON: {b: [[field, dim, limit, used_key_index]...], w: [[start_ms, end_ms]...],
 --                 r: [[level_tag, rpm_or_0, tpm_or_0]...], i: input tokens, o: output estimate,
---                 mo: least output worth admitting, pi/po: nUSD per input/output token}
+--                 mo: least output worth admitting, pi/po: nUSD per input/output token,
+--                 m: {rt: route, md: upstream model, k: key id, rq: request id}, kept on the
+--                    reservation record for the usage record settle writes}
 --
 -- Units: tokens; money in integer nano-USD; times in epoch ms from the server's TIME.
 --
@@ -175,7 +177,7 @@ for i, b in ipairs(spec.b) do
   fields[i], dims[i] = b[1], b[2]
 end
 local rec = {f = fields, d = dims, i = est_in, o = out, pi = pin, po = pout,
-             tb = bucket_take, r = bucket_levels}
+             tb = bucket_take, r = bucket_levels, m = spec.m}
 redis.call('HSET', KEYS[2], rid, cjson.encode(rec))
 redis.call('ZADD', KEYS[3], now + ttl, rid)
 keep_alive(ttl + minute, KEYS[1], KEYS[2], KEYS[3])

@@ -1,5 +1,5 @@
-"""The ASGI app: routes, the one boundary where errors become OpenAI-shaped responses, and the
-clients built once per process (per Lambda execution environment).
+"""The ASGI app: routes, the one boundary where errors become responses in the endpoint's wire
+format, and the clients built once per process (per Lambda execution environment).
 
 The same app runs under uvicorn (`hardcap serve`, and on Lambda behind the Lambda Web Adapter
 for response streaming) and under Mangum (buffered invocations, event-driven tests).
@@ -16,20 +16,34 @@ from typing import Any
 
 import httpx
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hardcap_core import env
 from hardcap_core.config import Config, Principal, load_config
-from hardcap_core.errors import ConfigError, GatewayError, LedgerUnavailable, ServiceUnavailable
-from hardcap_core.gateway.pipeline import Gateway, request_id
-from hardcap_core.ledger.client import Ledger
+from hardcap_core.errors import (
+    ConfigError,
+    GatewayError,
+    LedgerUnavailable,
+    MethodNotAllowed,
+    NotFound,
+    ServiceUnavailable,
+)
+from hardcap_core.gateway.pipeline import Gateway
+from hardcap_core.gateway.request_id import RequestIdMiddleware, request_id
+from hardcap_core.ledger import Ledger
 from hardcap_core.ledger.connection import connect
 from hardcap_core.logs import logger
-from hardcap_core.providers.openai_compat import Upstream, make_http_client
+from hardcap_core.providers.http import make_http_client
+from hardcap_core.providers.openai_compat import OpenAICompatible
+from hardcap_core.wire.base import WireFormat
+from hardcap_core.wire.openai_chat import OpenAIChat
 
-Handler = Callable[[Gateway, Request, Principal], Awaitable[Response]]
+Handler = Callable[[Gateway, Request, Principal, WireFormat], Awaitable[Response]]
+OPENAI = OpenAIChat()
 
 
 class Runtime:
@@ -67,7 +81,8 @@ class Runtime:
         self._ledger_client = client
         self._http_client = self._http_client or make_http_client()
         ledger = Ledger(client, reservation_ttl_s=g.reservation_ttl_seconds)
-        return Gateway(self.config, ledger, Upstream(self._http_client))
+        provider = OpenAICompatible(self._http_client, chars_per_token=g.chars_per_token)
+        return Gateway(self.config, ledger, provider)
 
     async def aclose(self) -> None:
         if self._http_client is not None:
@@ -82,32 +97,32 @@ def create_app(
     """The gateway app for ``config``; pass clients to share or inject them (tests, benchmarks)."""
     runtime = Runtime(config, ledger_client, http_client)
 
-    def authenticated(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
+    def endpoint(handler: Handler, wire: WireFormat) -> Callable[[Request], Awaitable[Response]]:
+        """An authenticated endpoint speaking ``wire``: errors become its error bodies here."""
+
+        async def serve(request: Request) -> Response:
             started = time.perf_counter()
-            rid = request_id(request)
+            rid = request_id(request.scope)
             principal: Principal | None = None
             gateway: Gateway | None = None
             status = 500
             try:
                 gateway = await runtime.gateway()
                 principal = gateway.authenticate(request)
-                response = await handler(gateway, request, principal)
+                response = await handler(gateway, request, principal, wire)
                 status = response.status_code
-                response.headers["x-request-id"] = rid
                 return response
             except GatewayError as e:
                 status = e.status
                 headers = dict(e.headers)
                 if gateway and principal and status not in (429, 503) and not headers:
-                    headers = await gateway.headers_for(principal)
-                return error_response(e, {**headers, "x-request-id": rid})
+                    headers = await gateway.headers_for(principal, wire)
+                return JSONResponse(wire.error_body(e), status_code=e.status, headers=headers)
             except Exception:
-                # The last line of defence: a bug must still answer in the OpenAI shape.
+                # The last line of defence: a bug must still answer in the client's format.
                 logger.exception("unhandled error", extra={"request_id": rid})
-                return error_response(
-                    GatewayError("Internal error in the gateway."), {"x-request-id": rid}
-                )
+                error = GatewayError("Internal error in the gateway.")
+                return JSONResponse(wire.error_body(error), status_code=error.status)
             finally:
                 logger.info(
                     "request",
@@ -121,32 +136,35 @@ def create_app(
                     },
                 )
 
-        return endpoint
+        return serve
 
-    async def chat(gateway: Gateway, request: Request, principal: Principal) -> Response:
-        return await gateway.chat_completions(request, principal)
+    async def chat(gw: Gateway, request: Request, who: Principal, wire: WireFormat) -> Response:
+        return await gw.chat(request, who, wire, request_id(request.scope))
 
-    async def usage(gateway: Gateway, request: Request, principal: Principal) -> Response:
-        return await gateway.usage(principal)
+    async def usage(gw: Gateway, request: Request, who: Principal, wire: WireFormat) -> Response:
+        return await gw.usage(who, wire)
 
-    async def models(gateway: Gateway, request: Request, principal: Principal) -> Response:
-        return gateway.models(principal)
+    async def models(gw: Gateway, request: Request, who: Principal, wire: WireFormat) -> Response:
+        return await gw.models(who, wire)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"ok": True})
 
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return JSONResponse(
-            {
-                "error": {
-                    "message": f"No route {request.url.path}",
-                    "type": "invalid_request_error",
-                    "code": "not_found",
-                    "param": None,
-                }
-            },
-            status_code=404,
-        )
+    async def http_error(request: Request, exc: Exception) -> Response:
+        """Starlette's own 404 and 405, in the OpenAI error shape like every other error."""
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        headers = dict(exc.headers or {}) if isinstance(exc, HTTPException) else {}
+        error: GatewayError
+        if status == 405:
+            allowed = headers.get("allow", "")
+            error = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}; "
+                                     f"use {allowed}.")  # fmt: skip
+        elif status == 404:
+            error = NotFound(f"No route {request.url.path}", code="not_found")
+        else:
+            error = GatewayError(str(getattr(exc, "detail", "Internal error in the gateway.")))
+            error.status = status
+        return JSONResponse(OPENAI.error_body(error), status_code=status, headers=headers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -157,20 +175,16 @@ def create_app(
     app = Starlette(
         lifespan=lifespan,
         routes=[
-            Route("/v1/chat/completions", authenticated(chat), methods=["POST"]),
-            Route("/v1/models", authenticated(models), methods=["GET"]),
-            Route("/v1/hardcap/usage", authenticated(usage), methods=["GET"]),
+            Route("/v1/chat/completions", endpoint(chat, OPENAI), methods=["POST"]),
+            Route("/v1/models", endpoint(models, OPENAI), methods=["GET"]),
+            Route("/v1/hardcap/usage", endpoint(usage, OPENAI), methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
         ],
-        exception_handlers={404: not_found},
+        middleware=[Middleware(RequestIdMiddleware)],
+        exception_handlers={404: http_error, 405: http_error},
     )
     app.state.runtime = runtime
     return app
-
-
-def error_response(error: GatewayError, headers: dict[str, str]) -> Response:
-    """The OpenAI-shaped error body the official SDKs map to their exception classes."""
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
 def app_from_env() -> Starlette:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import math
 import time
 import uuid
@@ -25,17 +26,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hardcap_core.budgets import Prices, Scope
+from hardcap_core.config import Policy
 from hardcap_core.errors import LedgerUnavailable
-from hardcap_core.ledger.client import (
+from hardcap_core.events import Usage
+from hardcap_core.ledger import (
     BudgetState,
     Extended,
     ExtendResult,
     Ledger,
     Reservation,
     ReservationGone,
+    ReservationMeta,
 )
 from hardcap_core.ledger.estimators import Estimator
 from hardcap_core.logs import logger
+from hardcap_core.outcome import Outcome
 
 # A failed settle is tried again after these pauses: a lost settle loses the request's usage,
 # which is worse than a reply that ends a little later.
@@ -54,6 +59,10 @@ class MeterSettings:
     truncate: bool = True  # False: the `allow` policy, never cut
     extend: bool = True  # False: the `count_after` baseline, which holds nothing while streaming
 
+    def for_policy(self, policy: Policy) -> MeterSettings:
+        """These settings as a route with ``policy`` uses them."""
+        return dataclasses.replace(self, truncate=policy.cuts, extend=policy.extends)
+
 
 class Meter:
     """Budget accounting for one request. ``reservation`` is None when the tenant fails open."""
@@ -69,6 +78,7 @@ class Meter:
         estimator: Estimator,
         route: str,
         prices: Prices,
+        meta: ReservationMeta | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ledger = ledger
@@ -79,7 +89,9 @@ class Meter:
         self.estimator = estimator
         self.route = route
         self.prices = prices
+        self.meta = meta or (reservation.meta if reservation else ReservationMeta(route=route))
         self._clock = clock
+        self.outcome: Outcome | None = None
         self.reserved = reservation.output_reserved if reservation else 0
         self.seen = 0
         self.exhausted = False  # the budget refused to grow the reservation
@@ -156,6 +168,10 @@ class Meter:
         self.cut = True
         return False
 
+    def received_whole(self, tokens: int) -> None:
+        """A whole (non-streamed) reply of ``tokens`` output tokens arrived and goes out."""
+        self._forward(tokens)
+
     def _forward(self, tokens: int) -> None:
         self.seen += tokens
         self.in_hand = max(self.in_hand - tokens, 0)
@@ -181,23 +197,44 @@ class Meter:
         charge = known + self.in_flight()
         return max(known, min(charge, self.reserved)) if self.reservation else charge
 
-    async def settle(
-        self, *, input_tokens: int | None, output_tokens: int, truncated: bool
-    ) -> None:
-        """Charge the real counts once; feed the estimator unless the reply was cut short.
+    async def settle(self, outcome: Outcome, usage: Usage | None = None) -> None:
+        """Charge the request once, by how it ended.
 
-        The two are independent round trips, so they go out together: the reply waits for one.
+        Completed: the provider's reported usage (the live count where it said nothing).
+        Cut short: the input estimate and :meth:`cut_charge`. The provider refused or could not
+        be reached: nothing. Only completed replies feed the output-length estimator; the
+        charge and the sample are independent round trips, so they go out together.
         """
         if self.settled:
             return
         self.settled = True
-        self.charged_input = self.input_estimate if input_tokens is None else input_tokens
-        self.charged_output = output_tokens
-        charge = self._settle_reserved() if self.reservation else self._settle_unguarded()
-        if truncated:
-            await charge
+        self.outcome = outcome
+        if outcome.billed_nothing:
+            self.charged_input, self.charged_output = 0, 0
+        elif outcome.cut:
+            self.charged_input, self.charged_output = self.input_estimate, self.cut_charge()
         else:
-            await asyncio.gather(charge, self._observe(output_tokens))
+            reported_in = usage.input_tokens if usage else None
+            reported_out = usage.output_tokens if usage else None
+            self.charged_input = self.input_estimate if reported_in is None else reported_in
+            # A reported 0 with output forwarded is not believed: count what went out.
+            self.charged_output = reported_out or self.seen
+        charge = self._settle_reserved() if self.reservation else self._settle_unguarded()
+        if outcome is Outcome.COMPLETED:
+            await asyncio.gather(charge, self._observe(self.charged_output))
+        else:
+            await charge
+        logger.info(
+            "request settled",
+            extra={
+                "route": self.route,
+                "request_id": self.meta.request_id,
+                "key_id": self.meta.key_id,
+                "outcome": outcome.value,
+                "input_tokens": self.charged_input,
+                "output_tokens": self.charged_output,
+            },
+        )
 
     async def _settle_reserved(self) -> None:
         assert self.reservation is not None
@@ -231,7 +268,7 @@ class Meter:
 
     async def _settle_unguarded(self) -> None:
         """A fail-open request still charges its usage if the server is back by now."""
-        orphan = Reservation(uuid.uuid4().hex, self.scope, self.prices, 0, 0)
+        orphan = Reservation(uuid.uuid4().hex, self.scope, self.prices, 0, 0, self.meta)
         try:
             await self.ledger.settle(
                 orphan, input_tokens=self.charged_input, output_tokens=self.charged_output

@@ -1,19 +1,17 @@
-"""The request path: authenticate -> model allowlist -> admit -> forward -> count -> settle.
+"""The request path: authenticate -> route -> admit -> send -> meter -> settle.
 
-:class:`Gateway` holds what one process builds once (config, ledger, provider client,
-estimators) and serves each endpoint. It raises :class:`GatewayError`; ``app.py`` turns those
-into OpenAI-shaped responses in one place.
+:class:`Gateway` holds what one process builds once (config, ledger, providers, estimators) and
+serves each endpoint in the wire format the endpoint speaks. It raises :class:`GatewayError`;
+:mod:`.app` turns those into responses in one place.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
-import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from starlette.requests import Request
@@ -21,7 +19,8 @@ from starlette.responses import JSONResponse, Response
 
 from hardcap_core.auth import bearer_token
 from hardcap_core.budgets import NANO_USD_PER_USD, Dimension
-from hardcap_core.config import Config, Principal, Route
+from hardcap_core.chat import ChatRequest
+from hardcap_core.config import Config, Policy, Principal, Route
 from hardcap_core.errors import (
     AuthenticationFailed,
     InvalidRequest,
@@ -33,14 +32,15 @@ from hardcap_core.errors import (
     TooManyRequests,
 )
 from hardcap_core.gateway.meter import Meter, MeterSettings
-from hardcap_core.gateway.relay import StreamRelay
+from hardcap_core.gateway.relay import Relay
 from hardcap_core.gateway.response import RelayResponse
-from hardcap_core.ledger.client import (
+from hardcap_core.ledger import (
     Admitted,
     BudgetState,
     Ledger,
     Refusal,
     Refused,
+    ReservationMeta,
     Unguarded,
     UsageRow,
 )
@@ -51,12 +51,12 @@ from hardcap_core.ledger.estimators import (
     SharedP95Estimator,
 )
 from hardcap_core.logs import logger
-from hardcap_core.providers.openai_compat import Upstream
-from hardcap_core.tokens import input_tokens, message_output_tokens
-from hardcap_core.wire.headers import budget_headers
-from hardcap_core.wire.openai_chat import ChatRequest, parse_chat_request
+from hardcap_core.outcome import Outcome
+from hardcap_core.providers.base import Provider
+from hardcap_core.wire.base import WireFormat
 
 DEADLINE_MARGIN_S = 3.0  # end and settle a stream this long before Lambda's timeout
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +66,11 @@ class Admission:
 
 
 class Gateway:
-    def __init__(self, config: Config, ledger: Ledger, upstream: Upstream) -> None:
+    def __init__(self, config: Config, ledger: Ledger, provider: Provider) -> None:
         self.config = config
         self.ledger = ledger
-        self.upstream = upstream
+        # One kind of upstream today (OpenAI-compatible); the route's upstream will pick one.
+        self.provider = provider
         self.estimators = {name: self._estimator(r) for name, r in config.routes.items()}
         g = config.gateway
         self.meter_settings = MeterSettings(
@@ -101,9 +102,13 @@ class Gateway:
             raise AuthenticationFailed("Incorrect API key provided.")
         return principal
 
-    async def chat_completions(self, request: Request, principal: Principal) -> Response:
-        raw = await self._read_body(request)
-        chat = parse_chat_request(raw)
+    async def chat(
+        self, request: Request, principal: Principal, wire: WireFormat, request_id: str
+    ) -> Response:
+        """A chat completion in ``wire``'s format, streamed or not."""
+        chat = wire.parse(
+            await self._read_body(request), chars_per_token=self.config.gateway.chars_per_token
+        )
         route = self._route(chat.model, principal)
         limit = route.max_output_tokens
         if chat.max_tokens is not None and chat.max_tokens > limit:
@@ -113,37 +118,24 @@ class Gateway:
                 param=chat.max_tokens_field,
             )
         max_tokens = chat.max_tokens or limit
-        prompt = input_tokens(chat.body, self.config.gateway.chars_per_token)
-        admission = await self._admit(principal, route, chat, prompt, max_tokens)
-        meter = admission.meter
+        meta = ReservationMeta(route.name, route.model, principal.key_id, request_id)
+        admission = await self._admit(principal, route, chat, max_tokens, meta, wire)
         if self.config.gateway.log_prompts:  # opt-in only: prompts may hold personal data
-            logger.info("prompt", extra={"route": route.name, "messages": chat.body["messages"]})
-        body = dict(chat.body, model=route.model)
-        body.pop("max_tokens", None)
-        body.pop("max_completion_tokens", None)
+            logger.info("prompt", extra={"route": route.name, "messages": chat.messages})
         if not chat.stream:
-            return await self._complete(route, chat, body, meter, admission.headers, max_tokens)
-
-        body[chat.max_tokens_field] = max_tokens
-        body["stream_options"] = {**(chat.body.get("stream_options") or {}), "include_usage": True}
-        relay = StreamRelay(
-            self.upstream.stream(route, body),
-            meter,
-            public_model=route.name,
-            include_usage=chat.include_usage,
-            chars_per_token=self.config.gateway.chars_per_token,
+            return await self._complete(route, chat, admission, max_tokens, wire)
+        same = self.provider.dialect == wire.dialect
+        relay = Relay(
+            self.provider.stream(route, chat, max_tokens),
+            admission.meter,
+            wire.encoder(chat, model=route.name, same_dialect=same),
             deadline=_deadline(request),
             log_completion=self.config.gateway.log_prompts,
         )
-        try:
-            await relay.open()
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await relay.close(upstream_failed=True)
-            raise
+        await relay.open()
         return RelayResponse(relay, admission.headers)
 
-    async def usage(self, principal: Principal) -> Response:
+    async def usage(self, principal: Principal, wire: WireFormat) -> Response:
         usage = await self._ledger_call(self.ledger.usage(principal.scope))
         rows = [_usage_row(row) for row in usage.rows]
         states = [BudgetState(r.budget, r.remaining, r.reset_ms) for r in usage.rows]
@@ -156,25 +148,27 @@ class Gateway:
                 "live_reservations": usage.live_reservations,
                 "budgets": rows,
             },
-            headers=budget_headers(states, (), usage.server_time_ms),
+            headers=wire.budget_headers(states, (), usage.server_time_ms),
         )
 
-    def models(self, principal: Principal) -> Response:
+    async def models(self, principal: Principal, wire: WireFormat) -> Response:
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": route.upstream.name}
             for name, route in self.config.routes.items()
             if principal.allows(name)
         ]
-        return JSONResponse({"object": "list", "data": data})
+        headers = await self.headers_for(principal, wire)
+        return JSONResponse({"object": "list", "data": data}, headers=headers)
 
-    async def headers_for(self, principal: Principal) -> dict[str, str]:
-        """Budget headers for an error answered before admission (best effort)."""
+    async def headers_for(self, principal: Principal, wire: WireFormat) -> dict[str, str]:
+        """Budget headers for a reply that was not admitted (best effort: none if the budget
+        server is unreachable)."""
         try:
             usage = await self.ledger.usage(principal.scope)
         except LedgerUnavailable:
             return {}
         states = [BudgetState(r.budget, r.remaining, r.reset_ms) for r in usage.rows]
-        return budget_headers(states, (), usage.server_time_ms)
+        return wire.budget_headers(states, (), usage.server_time_ms)
 
     # -- steps ------------------------------------------------------------------------------------
 
@@ -183,12 +177,12 @@ class Gateway:
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > cap:
             raise PayloadTooLarge(f"The request body is larger than {cap} bytes.")
-        body = b""
+        body = bytearray()
         async for part in request.stream():
             body += part
             if len(body) > cap:
                 raise PayloadTooLarge(f"The request body is larger than {cap} bytes.")
-        return body
+        return bytes(body)
 
     def _route(self, model: str, principal: Principal) -> Route:
         route = self.config.routes.get(model)
@@ -199,83 +193,89 @@ class Gateway:
         return route
 
     async def _admit(
-        self, principal: Principal, route: Route, chat: ChatRequest, prompt: int, max_tokens: int
+        self,
+        principal: Principal,
+        route: Route,
+        chat: ChatRequest,
+        max_tokens: int,
+        meta: ReservationMeta,
+        wire: WireFormat,
     ) -> Admission:
-        truncate = route.policy == "truncate"
+        policy = route.policy
         estimator = self.estimators[route.name]
-        if route.policy == "count_after":
+        if policy is Policy.COUNT_AFTER:
             estimate = 1  # the baseline: the budget sees nothing of the reply until it ends
         elif chat.stream:
             estimate = await self._ledger_call(estimator.estimate(route.name, max_tokens))
         else:
             estimate = max_tokens  # a reply that cannot be cut is capped at what is reserved
-        least = min(route.min_output_reservation, estimate) if truncate else estimate
+        least = min(route.min_output_reservation, estimate) if policy.cuts else estimate
         result = await self._ledger_call(
             self.ledger.admit(
                 principal.scope,
-                input_tokens=prompt,
+                input_tokens=chat.input_tokens,
                 output_estimate=estimate,
                 min_output=least,
                 prices=route.prices,
                 fail_open=principal.fail_mode == "open",
+                meta=meta,
             )
         )
-        meter_args: dict[str, Any] = {
-            "input_estimate": prompt,
-            "estimator": estimator,
-            "route": route.name,
-            "prices": route.prices,
-        }
-        settings = self.meter_settings if truncate else _allow(self.meter_settings, route.policy)
         if isinstance(result, Refused):
-            raise _refusal(result)
+            raise _refusal(result, wire)
+        reservation = None
         if isinstance(result, Unguarded):
             logger.warning(
                 "budget server unreachable; tenant fails open",
                 extra={"tenant": principal.tenant_id, "route": route.name},
             )
-            meter = Meter(self.ledger, principal.scope, None, settings, **meter_args)
-            return Admission(meter, {"x-hardcap-budget": "unenforced"})
-        assert isinstance(result, Admitted)
-        meter = Meter(self.ledger, principal.scope, result.reservation, settings, **meter_args)
-        return Admission(meter, budget_headers(result.budgets, result.rates, result.server_time_ms))
+            headers = {"x-hardcap-budget": "unenforced"}
+        else:
+            assert isinstance(result, Admitted)
+            reservation = result.reservation
+            headers = wire.budget_headers(result.budgets, result.rates, result.server_time_ms)
+        meter = Meter(
+            self.ledger,
+            principal.scope,
+            reservation,
+            self.meter_settings.for_policy(policy),
+            input_estimate=chat.input_tokens,
+            estimator=estimator,
+            route=route.name,
+            prices=route.prices,
+            meta=meta,
+        )
+        return Admission(meter, headers)
 
     async def _complete(
         self,
         route: Route,
         chat: ChatRequest,
-        body: dict[str, Any],
-        meter: Meter,
-        headers: dict[str, str],
+        admission: Admission,
         max_tokens: int,
+        wire: WireFormat,
     ) -> Response:
-        reserved = meter.reserved if meter.reservation else max_tokens
-        body[chat.max_tokens_field] = reserved if route.policy == "truncate" else max_tokens
+        """A whole reply; it is settled here, once, by how the call ended."""
+        meter = admission.meter
+        # A reply that cannot be cut is capped upstream at what is reserved.
+        cap = meter.reserved if meter.reservation and route.policy.cuts else max_tokens
         try:
-            data = await self.upstream.complete(route, body)
+            completion = await self.provider.complete(route, chat, cap)
         except BaseException:
             # The provider did not answer: nothing was generated, nothing is charged.
-            await meter.settle(input_tokens=0, output_tokens=0, truncated=True)
+            with anyio.CancelScope(shield=True):
+                await meter.settle(Outcome.UPSTREAM_UNAVAILABLE)
             raise
-        usage = data.get("usage") or {}
-        out = usage.get("completion_tokens")
-        if not isinstance(out, int):
-            cpt = self.config.gateway.chars_per_token
-            out = sum(
-                message_output_tokens(c.get("message") or {}, cpt) for c in data.get("choices", [])
-            )
-        prompt = usage.get("prompt_tokens")
-        await meter.settle(
-            input_tokens=prompt if isinstance(prompt, int) else None,
-            output_tokens=out,
-            truncated=False,
-        )
-        data["model"] = route.name
+        meter.received_whole(completion.tokens)
+        await meter.settle(Outcome.COMPLETED, completion.usage)
+        same = self.provider.dialect == wire.dialect
+        body = wire.reply(completion, model=route.name, same_dialect=same)
         if self.config.gateway.log_prompts:
-            logger.info("completion", extra={"route": route.name, "choices": data.get("choices")})
+            logger.info("completion", extra={"route": route.name, "reply": body})
+        headers = admission.headers
         if meter.final_budgets:
-            headers = {**headers, **budget_headers(meter.final_budgets, (), _now_ms())}
-        return Response(json.dumps(data), media_type="application/json", headers=headers)
+            headers = {**headers, **wire.budget_headers(meter.final_budgets, (), _now_ms())}
+        return Response(json.dumps(body), media_type="application/json", headers=headers)
 
     async def _ledger_call(self, awaitable: Any) -> Any:
         try:
@@ -285,11 +285,6 @@ class Gateway:
             raise ServiceUnavailable(
                 "The budget server is unreachable, and this tenant fails closed. Retry shortly."
             ) from e
-
-
-def _allow(s: MeterSettings, policy: str) -> MeterSettings:
-    extend = policy != "count_after"
-    return dataclasses.replace(s, truncate=False, extend=extend)
 
 
 def _usage_row(row: UsageRow) -> dict[str, Any]:
@@ -313,9 +308,9 @@ def _usage_row(row: UsageRow) -> dict[str, Any]:
     return out
 
 
-def _refusal(r: Refused) -> TooManyRequests:
+def _refusal(r: Refused, wire: WireFormat) -> TooManyRequests:
     retry_s = max(1, -(-r.retry_after_ms // 1000))
-    headers = budget_headers(r.budgets, r.rates, r.server_time_ms)
+    headers = wire.budget_headers(r.budgets, r.rates, r.server_time_ms)
     headers["retry-after"] = str(1 if r.reason is Refusal.BUSY else retry_s)
     headers["retry-after-ms"] = str(r.retry_after_ms)
     return TooManyRequests(r.message, code=r.reason.value, headers=headers)
@@ -336,7 +331,3 @@ def _deadline(request: Request) -> float | None:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def request_id(request: Request) -> str:
-    return request.headers.get("x-request-id") or uuid.uuid4().hex

@@ -1,252 +1,173 @@
-"""Relay a provider's SSE stream to the client, counting every billed delta as it passes.
+"""Relay a provider's stream to the client, metering every billed delta as it passes.
 
-The budget decides, chunk by chunk, whether output may go on (see :mod:`meter`). When it may
-not, the relay ends the stream cleanly (a final chunk with ``finish_reason: "length"``, the
-usage chunk if the client asked, ``data: [DONE]``) and closes the provider connection so the
-provider stops generating. Every ending settles BEFORE the last bytes go out: once a Lambda
-response ends, the environment may freeze.
+:class:`Relay` owns a stream's life. The budget decides, read by read, whether output may go on
+(see :mod:`.meter`); when it may not, or the provider finishes, fails, or the deadline comes,
+:meth:`Relay.end` is the one place the stream ends: it sets the outcome, closes the provider
+connection (so the provider stops generating), settles, and returns the closing bytes. It
+settles BEFORE the last bytes go out: once a Lambda response ends, the environment may freeze.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import AbstractAsyncContextManager
-from typing import Any
 
-import httpx
+import anyio
 
-from hardcap_core import sse
-from hardcap_core.errors import GatewayError, UpstreamFailed, UpstreamTimeout
+from hardcap_core.errors import GatewayError, UpstreamFailed
+from hardcap_core.events import Event, OutputKind, Read, Usage
 from hardcap_core.gateway.meter import Meter
 from hardcap_core.logs import logger
-from hardcap_core.tokens import delta_tokens
+from hardcap_core.outcome import Outcome
+from hardcap_core.wire.base import Charged, StreamEncoder
+
+# The client gets the stream's closing events for these endings; for the others it is gone,
+# or it gets an error event instead.
+CLOSED_CLEANLY = frozenset({Outcome.COMPLETED, Outcome.TRUNCATED, Outcome.DEADLINE})
 
 
-class StreamRelay:
-    """One streamed completion: :meth:`open`, iterate :meth:`chunks`, always :meth:`close`."""
+class Relay:
+    """One streamed reply: :meth:`open`, iterate :meth:`chunks`, and :meth:`end` in a finally."""
 
     def __init__(
         self,
-        opened: AbstractAsyncContextManager[httpx.Response],
+        opened: AbstractAsyncContextManager[AsyncIterator[Read]],
         meter: Meter,
+        encoder: StreamEncoder,
         *,
-        public_model: str,
-        include_usage: bool,
-        chars_per_token: float,
         deadline: float | None = None,
         log_completion: bool = False,
     ) -> None:
         self._opened = opened
         self.meter = meter
-        self.public_model = public_model
-        self.include_usage = include_usage
-        self.chars_per_token = chars_per_token
+        self.encoder = encoder
         # Event-loop time (monotonic) by which the stream must have ended and been settled.
         self.deadline = deadline
-        self.outcome = "open"  # completed | truncated | deadline | client_gone | upstream_error
-        self._usage: dict[str, Any] | None = None
-        self._last: dict[str, Any] = {}
-        self._gen: AsyncIterator[bytes] | None = None
-        self._response: httpx.Response | None = None
-        self._head = b""
+        self.outcome: Outcome | None = None  # set once, by end()
+        self._reads: AsyncIterator[Read] | None = None  # set while the provider is open
+        self._run_gen: AsyncGenerator[bytes, None] | None = None
+        self._head: list[bytes] = []
+        self._usage: Usage | None = None
         self._text: list[str] | None = [] if log_completion else None
-        self._stop = False
+        self._timed_out = False  # the deadline came while waiting for the provider
 
     async def open(self) -> None:
-        """Connect to the provider and read up to the first chunk.
+        """Connect to the provider and read up to the first bytes for the client.
 
         Done before the gateway answers 200, so a provider that refuses or cannot be reached
-        becomes a proper error status rather than a broken stream.
+        becomes a proper error status rather than a broken stream. On failure the stream has
+        ended (nothing is charged if nothing was generated) and the error propagates.
         """
-        self._gen = self._run()
-        self._head = await anext(self._gen, b"")
+        try:
+            self._reads = await self._opened.__aenter__()
+            self._run_gen = self._run()
+            first = await anext(self._run_gen, None)
+            if first is not None:
+                self._head.append(first)
+        except BaseException:
+            nothing = self.meter.seen == 0
+            await self.end(Outcome.UPSTREAM_UNAVAILABLE if nothing else Outcome.UPSTREAM_ERROR)
+            raise
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The bytes for the client, starting with the chunk :meth:`open` read."""
-        if self._head:
-            yield self._head
-        if self._gen is not None:
-            async for chunk in self._gen:
-                yield chunk
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
+        """The bytes for the client, starting with those :meth:`open` read. A failure after the
+        response began ends the stream and becomes an error event."""
+        for data in self._head:
+            yield data
+        self._head = []
+        if self._run_gen is None:
+            return
+        try:
+            async for data in self._run_gen:
+                yield data
+        except GatewayError as e:
+            await self.end(Outcome.UPSTREAM_ERROR)
+            yield self.encoder.error(e)
+        except Exception:
+            logger.exception("stream failed in the gateway", extra={"route": self.meter.route})
+            await self.end(Outcome.GATEWAY_ERROR)
+            yield self.encoder.error(GatewayError("Internal error in the gateway."))
+        finally:
+            await self._run_gen.aclose()
 
-    async def _run(self) -> AsyncIterator[bytes]:
-        async with self._opened as response:
-            self._response = response
-            parser = sse.SSEParser()
-            async for piece in self._pieces(response):
-                # Count the whole read first: the meter decides knowing what is in hand.
-                events = [self._decode(data) for data in parser.feed(piece)]
-                self.meter.note_read(sum(tokens for _, tokens in events))
-                for event, tokens in events:
-                    out = await self._on_event(event, tokens)
-                    if self._stop:
-                        async for tail in self._finish():
-                            yield tail
-                        return
-                    if out:
-                        yield out
-            for data in parser.flush():
-                event, tokens = self._decode(data)
-                self.meter.note_read(tokens)
-                out = await self._on_event(event, tokens)
-                if out and not self._stop:
-                    yield out
-        # The provider closed without [DONE], or the deadline came: settle what we saw.
-        async for tail in self._finish():
-            yield tail
+    async def end(self, outcome: Outcome) -> bytes:
+        """End the stream with ``outcome`` unless it has ended already: close the provider,
+        settle, and return the closing bytes the client gets (empty when it gets none).
 
-    async def _pieces(self, response: httpx.Response) -> AsyncIterator[bytes]:
-        """The provider's bytes, until they end or the Lambda deadline comes (then stop)."""
-        pieces = response.aiter_raw()
+        Shielded from cancellation: a client that leaves must not stop the settle.
+        """
+        if self.outcome is not None:
+            return b""
+        self.outcome = outcome
+        with anyio.CancelScope(shield=True):
+            await self._close_upstream()
+            await self.meter.settle(outcome, self._usage)
+        if self._text is not None:
+            logger.info("completion", extra={"content": "".join(self._text)})
+        if outcome not in CLOSED_CLEANLY:
+            return b""
+        meter = self.meter
+        usage = self._usage if outcome is Outcome.COMPLETED else None
+        charged = Charged(meter.charged_input, meter.charged_output, usage)
+        return self.encoder.close(cut=outcome.cut, charged=charged)
+
+    async def _close_upstream(self) -> None:
+        """The one place the provider connection is closed."""
+        if self._reads is not None:
+            self._reads = None
+            await self._opened.__aexit__(None, None, None)
+
+    async def _run(self) -> AsyncGenerator[bytes, None]:
+        """Read by read: count the whole read first, so the meter decides knowing what is in
+        hand, then forward event by event while the budget allows."""
+        async for read in self._timed_reads():
+            self.meter.note_read(sum(event.tokens for event in read))
+            for event in read:
+                ending = await self._check(event)
+                if ending is not None:
+                    yield await self.end(ending)
+                    return
+                data = self.encoder.event(event)
+                if data:
+                    yield data
+        # The provider closed the stream, or the deadline came while waiting for it.
+        yield await self.end(Outcome.DEADLINE if self._timed_out else Outcome.COMPLETED)
+
+    async def _check(self, event: Event) -> Outcome | None:
+        """How the stream ends at ``event``, or None to forward it."""
+        if event.error is not None:
+            raise UpstreamFailed(event.error)
+        if event.usage is not None:
+            self._usage = event.usage
+        if event.done:
+            return Outcome.COMPLETED
+        if self._past_deadline():
+            return Outcome.DEADLINE
+        if event.tokens and not await self.meter.make_room(event.tokens):
+            return Outcome.TRUNCATED
+        if self._text is not None:
+            self._text += [o.text for o in event.output if o.kind is OutputKind.CONTENT]
+        return None
+
+    async def _timed_reads(self) -> AsyncIterator[Read]:
+        """The provider's reads, until they end or the Lambda deadline comes."""
+        reads = self._reads
+        if reads is None:
+            return
         while True:
             try:
                 if self.deadline is None:
-                    piece = await anext(pieces)
+                    read = await anext(reads)
                 else:
                     async with asyncio.timeout_at(self.deadline):
-                        piece = await anext(pieces)
+                        read = await anext(reads)
             except StopAsyncIteration:
                 return
             except TimeoutError:
-                self.outcome = "deadline"
-                self._stop = True
+                self._timed_out = True
                 return
-            yield piece
+            yield read
 
-    def _decode(self, data: str) -> tuple[dict[str, Any] | str, int]:
-        """An event as (chunk, billed tokens), or (the raw text, 0) for [DONE] and bad JSON."""
-        if data == sse.DONE:
-            return data, 0
-        try:
-            chunk = json.loads(data)
-        except json.JSONDecodeError:
-            return data, 0
-        if not isinstance(chunk, dict):
-            return {}, 0
-        if not chunk.get("choices") or "error" in chunk:
-            return chunk, 0
-        return chunk, delta_tokens(chunk, self.chars_per_token)
-
-    async def _on_event(self, chunk: dict[str, Any] | str, tokens: int) -> bytes | None:
-        if chunk == sse.DONE:
-            self._stop = True
-            return None
-        if isinstance(chunk, str):
-            raise UpstreamFailed("The provider sent a malformed stream event.")
-        if "error" in chunk:
-            message = (chunk["error"] or {}).get("message", "provider error")
-            raise UpstreamFailed(f"The provider failed mid-stream: {message}")
-        usage = chunk.get("usage")
-        if usage:
-            self._usage = usage
-        if not self.include_usage:
-            chunk.pop("usage", None)
-        if not chunk.get("choices"):
-            # A usage-only chunk: held back until the stream is settled.
-            return None
-        if self.deadline is not None and asyncio.get_running_loop().time() > self.deadline:
-            self.outcome = "deadline"
-            self._stop = True
-            return None
-        if tokens and not await self.meter.make_room(tokens):
-            self.outcome = "truncated"
-            self._stop = True
-            return None
-        chunk["model"] = self.public_model
-        self._last = chunk
-        if self._text is not None:
-            for choice in chunk["choices"]:
-                self._text.append((choice.get("delta") or {}).get("content") or "")
-        return sse.encode(chunk)
-
-    async def _finish(self) -> AsyncIterator[bytes]:
-        """Close the provider if we cut it, settle, then send the closing events."""
-        if self.meter.settled:
-            return
-        cut = self.outcome in ("truncated", "deadline")
-        if self.outcome == "open":
-            self.outcome = "completed"
-        if cut:
-            if self._response is not None:
-                await self._response.aclose()  # the provider stops generating now
-            await self.meter.settle(
-                input_tokens=None, output_tokens=self.meter.cut_charge(), truncated=True
-            )
-            yield sse.encode(self._closing_chunk("length"))
-        else:
-            usage = self._usage or {}
-            await self.meter.settle(
-                input_tokens=_int(usage.get("prompt_tokens")),
-                output_tokens=_int(usage.get("completion_tokens")) or self.meter.seen,
-                truncated=False,
-            )
-        if self._text is not None:
-            logger.info("completion", extra={"content": "".join(self._text)})
-        if self.include_usage:
-            yield sse.encode(self._usage_chunk())
-        yield sse.encode(sse.DONE)
-
-    async def close(self, *, client_gone: bool = False, upstream_failed: bool = False) -> None:
-        """End the stream however it stands: close the provider, settle if not yet settled.
-
-        Runs when the client disconnects, on errors, and after a normal end (then it only
-        closes). The caller shields it from cancellation. A provider that failed before
-        sending anything generated nothing: then nothing is charged.
-        """
-        if client_gone and self.outcome == "open":
-            self.outcome = "client_gone"
-        await self._close_upstream()
-        if not self.meter.settled:
-            nothing = upstream_failed and self.meter.seen == 0
-            await self.meter.settle(
-                input_tokens=0 if nothing else None,
-                output_tokens=0 if nothing else self.meter.cut_charge(),
-                truncated=True,
-            )
-
-    def error_event(self, error: GatewayError) -> bytes:
-        """What the client gets when the provider fails after bytes were sent."""
-        self.outcome = "upstream_error"
-        return sse.encode(error.body())
-
-    async def _close_upstream(self) -> None:
-        if self._gen is not None:
-            gen, self._gen = self._gen, None
-            await gen.aclose()  # type: ignore[attr-defined]
-
-    def _closing_chunk(self, reason: str) -> dict[str, Any]:
-        return {
-            "id": self._last.get("id", "chatcmpl-hardcap"),
-            "object": "chat.completion.chunk",
-            "created": self._last.get("created", int(time.time())),
-            "model": self.public_model,
-            "choices": [{"index": 0, "delta": {}, "finish_reason": reason}],
-        }
-
-    def _usage_chunk(self) -> dict[str, Any]:
-        m = self.meter
-        usage = dict(self._usage or {}) if self.outcome == "completed" else {}
-        usage.setdefault("prompt_tokens", m.charged_input)
-        usage.setdefault("completion_tokens", m.charged_output)
-        usage.setdefault("total_tokens", usage["prompt_tokens"] + usage["completion_tokens"])
-        chunk = self._closing_chunk("")
-        chunk["choices"] = []
-        chunk["usage"] = usage
-        return chunk
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def translate_stream_error(e: Exception) -> GatewayError:
-    """The error event for a failure while streaming."""
-    if isinstance(e, GatewayError):
-        return e
-    if isinstance(e, httpx.TimeoutException):
-        return UpstreamTimeout("The provider stopped sending in time.")
-    logger.warning("stream failed", extra={"error": type(e).__name__})
-    return UpstreamFailed("The provider connection failed mid-stream.")
+    def _past_deadline(self) -> bool:
+        return self.deadline is not None and asyncio.get_running_loop().time() >= self.deadline

@@ -1,21 +1,27 @@
-"""One place that builds the budget server's client, standalone or cluster, with sane limits.
+"""The budget server's client, standalone or cluster, with sane limits, and the one boundary
+where redis-py's errors become Hardcap's (:func:`guarded`).
 
 Built once per process (per Lambda execution environment) and shared by every request.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException
+from redis.exceptions import RedisClusterException, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from hardcap_core.errors import LedgerUnavailable
+from hardcap_core.errors import LedgerProtocolError, LedgerUnavailable
+
+T = TypeVar("T")
+# What a server that is down, restarting, failing over or too slow looks like to redis-py.
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError, RedisClusterException, OSError)
 
 # A script call answers in well under a millisecond; a server that takes seconds is as good as
 # down, and the tenant's fail mode (closed: 503, open: go ahead) should decide quickly.
@@ -60,7 +66,18 @@ async def connect(url: str, *, cluster: bool = False) -> Any:
     client = RedisCluster.from_url(url, max_connections=CLUSTER_MAX_CONNECTIONS, **common)
     try:
         await client.initialize()
-    except (RedisConnectionError, RedisTimeoutError, RedisClusterException, OSError) as e:
+    except UNREACHABLE as e:
         await client.aclose()
         raise LedgerUnavailable(f"budget server cluster unreachable at {url}: {e}") from e
     return client
+
+
+async def guarded(call: Awaitable[T]) -> T:
+    """Await a call to the budget server; its failures become :class:`LedgerUnavailable` (could
+    not reach it or no answer in time) or :class:`LedgerProtocolError` (it answered an error)."""
+    try:
+        return await call
+    except UNREACHABLE as e:
+        raise LedgerUnavailable(f"budget server unreachable: {e}") from e
+    except ResponseError as e:
+        raise LedgerProtocolError(f"budget server error: {e}") from e

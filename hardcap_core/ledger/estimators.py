@@ -15,13 +15,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
-from hardcap_core.errors import LedgerUnavailable
 from hardcap_core.ledger.client import Ledger
 
 SAMPLES_KEPT = 1000
@@ -92,22 +87,18 @@ class SharedP95Estimator:
         hit = self._cache.get(route)
         if hit and time.monotonic() - hit[0] < self.cache_seconds:
             return hit[1], hit[2]
-        _, stats_key = self.ledger.keys.estimator(route)
-        try:
-            raw = await self.ledger.client.hmget(stats_key, "q", "n")
-        except (RedisConnectionError, RedisTimeoutError, RedisClusterException, OSError) as e:
-            raise LedgerUnavailable(f"budget server unreachable: {e}") from e
-        value, n = int(float(raw[0] or 0)), int(raw[1] or 0)
-        self._cache[route] = (time.monotonic(), value, n)
-        return value, n
+        stats = await self.ledger.estimator_stats(route)
+        self._cache[route] = (time.monotonic(), stats.value, stats.samples)
+        return stats.value, stats.samples
 
     async def observe(self, route: str, output_tokens: int, *, truncated: bool) -> None:
         if truncated or output_tokens <= 0:
             return
-        keys = self.ledger.keys.estimator(route)
-        args: list[Any] = [output_tokens, self.keep, self.quantile, RECOMPUTE_EVERY]
-        try:
-            reply = await self.ledger.scripts.estimator_record(keys=keys, args=args)
-        except (RedisConnectionError, RedisTimeoutError, RedisClusterException, OSError) as e:
-            raise LedgerUnavailable(f"budget server unreachable: {e}") from e
-        self._cache[route] = (time.monotonic(), int(reply[0]), int(reply[1]))
+        stats = await self.ledger.record_output(
+            route,
+            output_tokens,
+            keep=self.keep,
+            quantile=self.quantile,
+            recompute_every=RECOMPUTE_EVERY,
+        )
+        self._cache[route] = (time.monotonic(), stats.value, stats.samples)

@@ -1,0 +1,1 @@
+"""Upstreams behind one interface (:class:`~hardcap_core.providers.base.Provider`)."""

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from hardcap_core.budgets import NANO_USD_PER_USD, Dimension
-from hardcap_core.ledger.client import BudgetState, RateState
+from hardcap_core.ledger.replies import BudgetState, RateState
 
 TOKEN_DIMENSIONS = (Dimension.TOTAL_TOKENS, Dimension.OUTPUT_TOKENS, Dimension.INPUT_TOKENS)
 

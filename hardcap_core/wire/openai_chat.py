@@ -1,105 +1,163 @@
-"""The one place a client's chat-completion body is read and checked.
+"""OpenAI chat completions, as a :class:`~hardcap_core.wire.base.WireFormat`.
 
-Bad input gets a clear 400 naming the field (and costs the tenant nothing: this runs before
-admission). Fields Hardcap does not know are passed through to the provider untouched.
+From an OpenAI-compatible provider, chunks pass through with only the model renamed to the
+public route name (and the usage chunk held back until the stream is settled), so fields the
+gateway does not know reach the client unchanged. From a provider of another dialect, chunks
+are built from the normalized events.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+import time
+from collections.abc import Sequence
 from typing import Any
 
-from hardcap_core.errors import InvalidRequest
+from hardcap_core import sse
+from hardcap_core.chat import ChatRequest
+from hardcap_core.errors import GatewayError
+from hardcap_core.events import Completion, Event, FinishReason, OutputKind
+from hardcap_core.ledger import BudgetState, RateState
+from hardcap_core.wire.base import Charged
+from hardcap_core.wire.headers import budget_headers
+from hardcap_core.wire.openai_request import DIALECT, parse_chat_request
 
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-
-
-@dataclass(frozen=True, slots=True)
-class ChatRequest:
-    """A validated request: the raw body plus what the gateway needs from it."""
-
-    body: dict[str, Any]
-    model: str
-    stream: bool
-    include_usage: bool  # the client asked for the final usage chunk
-    max_tokens: int | None  # max_tokens or max_completion_tokens, whichever the client sent
-    max_tokens_field: str  # which of the two to set upstream
-
-
-def parse_chat_request(raw: bytes) -> ChatRequest:
-    """Validate a request body; raise :class:`InvalidRequest` naming the bad field."""
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InvalidRequest(f"The request body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("'model' is required and must be a non-empty string.", param="model")
-    _check_messages(body.get("messages"))
-
-    stream = body.get("stream", False)
-    if stream is not None and not isinstance(stream, bool):
-        raise InvalidRequest("'stream' must be a boolean.", param="stream")
-    include_usage = False
-    options = body.get("stream_options")
-    if options is not None:
-        if not isinstance(options, dict):
-            raise InvalidRequest("'stream_options' must be an object.", param="stream_options")
-        flag = options.get("include_usage", False)
-        if not isinstance(flag, bool):
-            raise InvalidRequest(
-                "'stream_options.include_usage' must be a boolean.",
-                param="stream_options.include_usage",
-            )
-        include_usage = flag
-
-    n = body.get("n", 1)
-    if n is not None and (not _is_int(n) or n != 1):
-        raise InvalidRequest("Only n=1 is supported: each choice needs its own budget.", param="n")
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise InvalidRequest("'tools' must be an array.", param="tools")
-
-    field, max_tokens = "max_tokens", None
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = body.get(name)
-        if value is None:
-            continue
-        if not _is_int(value):
-            raise InvalidRequest(f"'{name}' must be an integer.", param=name)
-        if value < 1:
-            raise InvalidRequest(f"'{name}' must be at least 1, got {value}.", param=name)
-        field, max_tokens = name, value
-        break
-
-    return ChatRequest(body, model, bool(stream), include_usage, max_tokens, field)
+# Where each kind of output goes in a delta built from normalized events.
+DELTA_FIELD = {
+    OutputKind.CONTENT: "content",
+    OutputKind.REASONING: "reasoning_content",
+    OutputKind.REFUSAL: "refusal",
+    OutputKind.OTHER: "content",
+}
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+class OpenAIChat:
+    dialect = DIALECT
+
+    def parse(self, raw: bytes, *, chars_per_token: float) -> ChatRequest:
+        return parse_chat_request(raw, chars_per_token=chars_per_token)
+
+    def encoder(self, request: ChatRequest, *, model: str, same_dialect: bool) -> ChunkEncoder:
+        return ChunkEncoder(model, include_usage=request.include_usage, passthrough=same_dialect)
+
+    def reply(self, completion: Completion, *, model: str, same_dialect: bool) -> dict[str, Any]:
+        if same_dialect:
+            return dict(completion.raw, model=model)
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        for out in completion.output:
+            if out.kind in DELTA_FIELD:
+                field = DELTA_FIELD[out.kind]
+                message[field] = (message.get(field) or "") + out.text
+        usage = completion.usage
+        prompt = (usage.input_tokens if usage else None) or 0
+        output = (usage.output_tokens if usage else None) or completion.tokens
+        finish = completion.finish or FinishReason.STOP
+        return {
+            "id": f"chatcmpl-{int(time.time() * 1000)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": finish.value,
+                }
+            ],
+            "usage": _usage(prompt, output),
+        }
+
+    def error_body(self, error: GatewayError) -> dict[str, Any]:
+        return error_body(error)
+
+    def budget_headers(
+        self, budgets: Sequence[BudgetState], rates: Sequence[RateState], now_ms: int
+    ) -> dict[str, str]:
+        return budget_headers(budgets, rates, now_ms)
 
 
-def _check_messages(messages: Any) -> None:
-    if messages is None:
-        raise InvalidRequest("'messages' is required.", param="messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("'messages' must be a non-empty array.", param="messages")
-    for i, m in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise InvalidRequest(f"'{where}' must be an object.", param=where)
-        role = m.get("role")
-        if role not in ROLES:
-            raise InvalidRequest(
-                f"'{where}.role' must be one of {', '.join(sorted(ROLES))}.", param=f"{where}.role"
-            )
-        content = m.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise InvalidRequest(
-                f"'{where}.content' must be a string or an array of parts.",
-                param=f"{where}.content",
-            )
+class ChunkEncoder:
+    """``chat.completion.chunk`` events for one stream, then the closing chunks and [DONE]."""
+
+    def __init__(self, model: str, *, include_usage: bool, passthrough: bool) -> None:
+        self.model = model
+        self.include_usage = include_usage
+        self.passthrough = passthrough
+        self.id = "chatcmpl-hardcap"
+        self.created = int(time.time())
+
+    def event(self, event: Event) -> bytes | None:
+        chunk = event.raw if self.passthrough else self._build(event)
+        if chunk is None:
+            return None
+        if not self.include_usage:
+            chunk.pop("usage", None)
+        if not chunk.get("choices"):
+            return None  # a usage-only chunk: the client gets the settled usage at the end
+        chunk["model"] = self.model
+        if isinstance(chunk.get("id"), str):
+            self.id = chunk["id"]
+        if isinstance(chunk.get("created"), int):
+            self.created = chunk["created"]
+        return sse.encode(chunk)
+
+    def close(self, *, cut: bool, charged: Charged) -> bytes:
+        out = b""
+        if cut:
+            out += sse.encode(self._chunk([{"index": 0, "delta": {}, "finish_reason": "length"}]))
+        if self.include_usage:
+            usage: dict[str, Any] = {}
+            if charged.provider_usage is not None and charged.provider_usage.raw is not None:
+                usage = dict(charged.provider_usage.raw)
+            usage.setdefault("prompt_tokens", charged.input_tokens)
+            usage.setdefault("completion_tokens", charged.output_tokens)
+            usage.setdefault("total_tokens", usage["prompt_tokens"] + usage["completion_tokens"])
+            out += sse.encode({**self._chunk([]), "usage": usage})
+        return out + sse.encode(sse.DONE)
+
+    def error(self, error: GatewayError) -> bytes:
+        return sse.encode(error_body(error))
+
+    def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def _build(self, event: Event) -> dict[str, Any] | None:
+        """A chunk from a normalized event (a provider of another dialect)."""
+        delta: dict[str, Any] = {}
+        calls: dict[int, dict[str, Any]] = {}
+        for out in event.output:
+            if out.kind in (OutputKind.TOOL_NAME, OutputKind.TOOL_ARGUMENTS):
+                index = out.tool_call or 0
+                fn = calls.setdefault(index, {"index": index, "function": {}})["function"]
+                key = "name" if out.kind is OutputKind.TOOL_NAME else "arguments"
+                fn[key] = fn.get(key, "") + out.text
+            else:
+                field = DELTA_FIELD[out.kind]
+                delta[field] = delta.get(field, "") + out.text
+        if calls:
+            delta["tool_calls"] = list(calls.values())
+        if not delta and event.finish is None:
+            return None
+        choice = {"index": 0, "delta": delta, "finish_reason": event.finish}
+        return self._chunk([choice])
+
+
+def error_body(error: GatewayError) -> dict[str, Any]:
+    """OpenAI's error shape, which the official SDKs map to their exception classes."""
+    return {
+        "error": {
+            "message": error.message,
+            "type": error.type,
+            "code": error.code,
+            "param": error.param,
+        }
+    }
+
+
+def _usage(prompt: int, output: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output}

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hardcap_core.ledger.client import Ledger
+from hardcap_core.ledger import Ledger
 from hardcap_core.ledger.estimators import FixedEstimator, MaxTokensEstimator, SharedP95Estimator
 from tests.conftest import make_client
 

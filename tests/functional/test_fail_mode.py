@@ -14,7 +14,7 @@ import pytest
 
 from hardcap_core.budgets import Dimension
 from hardcap_core.errors import LedgerUnavailable
-from hardcap_core.ledger.client import Admitted, Ledger, Unguarded
+from hardcap_core.ledger import Admitted, Ledger, Unguarded
 from hardcap_core.ledger.connection import MAX_CONNECTIONS, connect
 from hardcap_core.ledger.estimators import SharedP95Estimator
 from hardcap_core.local.valkey import LocalValkey, free_port

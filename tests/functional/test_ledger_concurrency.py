@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from hardcap_core.budgets import Dimension
-from hardcap_core.ledger.client import Admitted, Extended, ExtendRefused, Ledger, Refused
+from hardcap_core.ledger import Admitted, Extended, ExtendRefused, Ledger, Refused
 from tests.conftest import TENANT, flush, make_client, scope
 
 PROCESSES = 4

@@ -10,7 +10,7 @@ import pytest
 
 from hardcap_core.budgets import Dimension, Prices, RateLimit
 from hardcap_core.errors import ReservationReused
-from hardcap_core.ledger.client import (
+from hardcap_core.ledger import (
     Admitted,
     Extended,
     ExtendRefused,

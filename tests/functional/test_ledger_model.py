@@ -29,7 +29,7 @@ from hypothesis.stateful import (
 
 from hardcap_core.budgets import Dimension, Prices
 from hardcap_core.errors import ReservationReused
-from hardcap_core.ledger.client import (
+from hardcap_core.ledger import (
     Admitted,
     Extended,
     ExtendRefused,

@@ -11,8 +11,9 @@ from typing import Any
 
 from hardcap_core.budgets import Dimension
 from hardcap_core.gateway.meter import Meter, MeterSettings
-from hardcap_core.ledger.client import FREE, Admitted, Ledger
+from hardcap_core.ledger import FREE, Admitted, Ledger
 from hardcap_core.ledger.estimators import MaxTokensEstimator
+from hardcap_core.outcome import Outcome
 from tests.conftest import TENANT, scope
 
 PACE_S = 0.01  # the provider: 100 tokens per second
@@ -120,6 +121,6 @@ async def test_received_tokens_are_charged_even_past_the_reservation(
     meter.note_read(40)  # a provider that ignored the pace: 70 tokens exist, 50 were held
     assert not await meter.make_room(1)
     assert meter.cut_charge() == 70  # what arrived, not the reservation: the ledger shows it
-    await meter.settle(input_tokens=None, output_tokens=meter.cut_charge(), truncated=True)
+    await meter.settle(Outcome.TRUNCATED)
     remaining = {b.budget.dimension: b.remaining for b in meter.final_budgets}
     assert remaining[Dimension.OUTPUT_TOKENS] == 50 - 70

@@ -1,0 +1,58 @@
+"""``x-request-id`` on every response, the gateway's own routes and its 404s and 405s alike.
+
+A client's id is kept when it is a short plain token (so a client can correlate its logs with
+ours); anything else, e.g. a megabyte of text, is replaced by a fresh id, so it never reaches
+a response header or the log.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+HEADER = "x-request-id"
+MAX_LENGTH = 128
+_SAFE = re.compile(rf"^[A-Za-z0-9._:\-]{{1,{MAX_LENGTH}}}$")
+
+
+def request_id(scope: Scope) -> str:
+    """The id :class:`RequestIdMiddleware` gave this request."""
+    rid: str = scope["state"]["request_id"]
+    return rid
+
+
+def choose(presented: str | None) -> str:
+    """The client's id if it is safe to echo, else a new one."""
+    if presented and _SAFE.match(presented):
+        return presented
+    return uuid.uuid4().hex
+
+
+class RequestIdMiddleware:
+    """Pure ASGI (not BaseHTTPMiddleware, which would buffer streamed responses)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        presented = None
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                presented = value.decode("latin-1")
+                break
+        rid = choose(presented)
+        scope.setdefault("state", {})["request_id"] = rid
+        raw = (HEADER.encode(), rid.encode())
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", []) if h[0].lower() != raw[0]]
+                message = {**message, "headers": [*headers, raw]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

@@ -1,0 +1,285 @@
+"""What the ledger scripts answer, as typed values, and one named parser per script reply.
+
+The scripts' reply layouts are documented in each ``lua/*.lua`` header; :class:`ReplyReader`
+walks a reply front to back, so no caller does offset arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from hardcap_core.budgets import LEVEL_BY_SHORT, Budget, Level, Prices, RateLimit, Scope
+from hardcap_core.errors import LedgerProtocolError, ReservationReused
+
+
+class Refusal(StrEnum):
+    """Why an admission was refused; each maps to the 429 code the client sees."""
+
+    BUSY = "budget_busy"  # would fit if nothing were in flight: retry in about a second
+    EXCEEDED = "budget_exceeded"  # spent for this window: retry when it resets
+    RATE_LIMITED = "rate_limited"  # requests or tokens per minute: retry when it refills
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetState:
+    budget: Budget
+    remaining: int  # limit - used - reserved; negative after an allowed overshoot
+    reset_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RateState:
+    limit: RateLimit
+    requests_remaining: int | None
+    requests_reset_ms: int | None
+    tokens_remaining: int | None
+    tokens_reset_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationMeta:
+    """What a reservation record carries for the usage record its settle will write."""
+
+    route: str = ""
+    model: str = ""  # the upstream model the request was sent to
+    key_id: str = ""
+    request_id: str = ""
+
+    def record(self) -> dict[str, str]:
+        """The record's fields as admit.lua stores them (short names: the record is JSON)."""
+        return {"rt": self.route, "md": self.model, "k": self.key_id, "rq": self.request_id}
+
+
+NO_META = ReservationMeta()
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A live hold on budget, returned by admit and passed back to extend and settle."""
+
+    id: str
+    scope: Scope
+    prices: Prices
+    input_tokens: int
+    output_reserved: int
+    meta: ReservationMeta = NO_META
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    reservation: Reservation
+    budgets: tuple[BudgetState, ...]
+    rates: tuple[RateState, ...]
+    server_time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    reason: Refusal
+    level: Level
+    dimension: str  # a budget dimension, or "requests" / "tokens" for rate limits
+    budget: Budget | None
+    retry_after_ms: int
+    budgets: tuple[BudgetState, ...]
+    rates: tuple[RateState, ...]
+    server_time_ms: int
+
+    @property
+    def message(self) -> str:
+        what = f"{self.dimension} budget of {self.level}"
+        if self.reason is Refusal.BUSY:
+            return f"The {what} is held by requests in flight; retry in about a second."
+        if self.reason is Refusal.EXCEEDED:
+            reset_s = self.retry_after_ms // 1000
+            return f"The {what} is spent for this window; it resets in {reset_s} s."
+        per = "requests" if self.dimension == "requests" else "tokens"
+        return f"Too many {per} per minute for {self.level}; retry in {self.retry_after_ms} ms."
+
+
+@dataclass(frozen=True, slots=True)
+class Unguarded:
+    """The budget server could not be reached and the tenant fails open: the request goes ahead
+    with no reservation. (Fail closed, the default, raises :class:`LedgerUnavailable` instead.)"""
+
+    reason: str
+    reservation_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Extended:
+    granted: int
+    output_reserved: int
+    budgets: tuple[BudgetState, ...]
+    server_time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExtendRefused:
+    budget: Budget
+    budgets: tuple[BudgetState, ...]
+    server_time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationGone:
+    """The reservation expired and was reclaimed; it is not resurrected. Stop generating."""
+
+    server_time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    duplicate: bool  # this id was settled before; nothing was charged this time
+    had_reservation: bool  # False if it expired and was reclaimed first (usage still charged)
+    budgets: tuple[BudgetState, ...]
+    server_time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    budget: Budget
+    used: int
+    reserved: int
+    reset_ms: int
+
+    @property
+    def remaining(self) -> int:
+        return self.budget.limit - self.used - self.reserved
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    rows: tuple[UsageRow, ...]
+    live_reservations: int
+    server_time_ms: int
+
+
+AdmitResult = Admitted | Refused | Unguarded
+ExtendResult = Extended | ExtendRefused | ReservationGone
+
+
+@dataclass(frozen=True, slots=True)
+class EstimatorStats:
+    """A route's shared output-length quantile and how many replies it is drawn from."""
+
+    value: int
+    samples: int
+
+
+REFUSALS = {"busy": Refusal.BUSY, "exceeded": Refusal.EXCEEDED, "rate": Refusal.RATE_LIMITED}
+
+
+class ReplyReader:
+    """Reads a script reply front to back: status, server time, then fields in order."""
+
+    def __init__(self, scope: Scope, reply: Sequence[Any]) -> None:
+        self.scope = scope
+        self.reply = reply
+        self.pos = 2
+        self.status = str(reply[0])
+        self.now_ms = int(reply[1])
+
+    def int(self) -> int:
+        value = int(self.reply[self.pos])
+        self.pos += 1
+        return value
+
+    def text(self) -> str:
+        value = self.reply[self.pos]
+        self.pos += 1
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def budget_states(self) -> tuple[BudgetState, ...]:
+        """<budget state>: n, then n pairs (remaining, reset_ms) in the scope's budget order."""
+        n = self.int()
+        return tuple(BudgetState(self.scope.budgets[i], self.int(), self.int()) for i in range(n))
+
+    def rate_states(self) -> tuple[RateState, ...]:
+        """<rate state>: m, then m quads (rpm left, rpm reset, tpm left, tpm reset); -1 unset."""
+        if self.pos >= len(self.reply):
+            return ()
+        n = self.int()
+        out = []
+        for limit in self.scope.rate_limits[:n]:
+            values = [self.int() for _ in range(4)]
+            out.append(RateState(limit, *[None if v == -1 else v for v in values]))
+        return tuple(out)
+
+    def locate(self, what: str) -> tuple[Level, str, Budget | None]:
+        """A script's ``what`` (a budget field or '<level tag>:rpm|tpm') as level and dimension."""
+        for b in self.scope.budgets:
+            if b.field == what:
+                return b.level, b.dimension.value, b
+        kind, ident, rest = what.split(":", 2) if what.count(":") >= 2 else ("", "", "")
+        if kind not in LEVEL_BY_SHORT or rest not in ("rpm", "tpm"):
+            raise LedgerProtocolError(f"a script named an unknown budget or limit {what!r}")
+        level = Level(LEVEL_BY_SHORT[kind], ident)
+        return level, "requests" if rest == "rpm" else "tokens", None
+
+    def unexpected(self, script: str) -> LedgerProtocolError:
+        return LedgerProtocolError(f"{script} replied {self.status!r}")
+
+
+def parse_admit(reply: Sequence[Any], scope: Scope, reservation: Reservation) -> AdmitResult:
+    """admit.lua's reply; ``reservation`` is the hold asked for (its output is the estimate)."""
+    r = ReplyReader(scope, reply)
+    if r.status == "settled":
+        raise ReservationReused(f"reservation id {reservation.id!r} was settled already")
+    if r.status == "ok":
+        reserved = r.int()
+        budgets = r.budget_states()
+        held = Reservation(
+            reservation.id, scope, reservation.prices, reservation.input_tokens, reserved,
+            reservation.meta,
+        )  # fmt: skip
+        return Admitted(held, budgets, r.rate_states(), r.now_ms)
+    if r.status not in REFUSALS:
+        raise r.unexpected("admit")
+    level, dimension, budget = r.locate(r.text())
+    retry_after_ms = r.int()
+    budgets = r.budget_states()
+    return Refused(
+        REFUSALS[r.status], level, dimension, budget, retry_after_ms, budgets, r.rate_states(),
+        r.now_ms,
+    )  # fmt: skip
+
+
+def parse_extend(reply: Sequence[Any], scope: Scope) -> ExtendResult:
+    r = ReplyReader(scope, reply)
+    if r.status == "gone":
+        return ReservationGone(r.now_ms)
+    if r.status == "ok":
+        granted, total = r.int(), r.int()
+        return Extended(granted, total, r.budget_states(), r.now_ms)
+    if r.status == "no":
+        _, _, budget = r.locate(r.text())
+        if budget is None:
+            raise LedgerProtocolError("extend named a rate limit, not a budget")
+        return ExtendRefused(budget, r.budget_states(), r.now_ms)
+    raise r.unexpected("extend")
+
+
+def parse_settle(reply: Sequence[Any], scope: Scope) -> Settled:
+    r = ReplyReader(scope, reply)
+    if r.status == "dup":
+        return Settled(True, False, (), r.now_ms)
+    if r.status != "ok":
+        raise r.unexpected("settle")
+    had = bool(r.int())
+    return Settled(False, had, r.budget_states(), r.now_ms)
+
+
+def parse_usage(reply: Sequence[Any], scope: Scope) -> Usage:
+    """usage.lua: {'ok', now_ms, live reservations, n, then n (used, reserved, reset)}."""
+    r = ReplyReader(scope, reply)
+    live, n = r.int(), r.int()
+    rows = tuple(UsageRow(b, r.int(), r.int(), r.int()) for b in scope.budgets[:n])
+    return Usage(rows, live, r.now_ms)
+
+
+def parse_estimator(reply: Sequence[Any]) -> EstimatorStats:
+    """estimator_record.lua: {quantile value, sample size}."""
+    return EstimatorStats(int(reply[0]), int(reply[1]))

@@ -1,0 +1,36 @@
+"""The provider interface: send a chat request to an upstream, get normalized events back.
+
+One implementation per kind of upstream (OpenAI-compatible today; Anthropic and Bedrock are
+to come, each its own module here). A provider translates its upstream's errors into
+:class:`~hardcap_core.errors.GatewayError` at its own boundary, so the gateway never sees a
+transport exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
+
+from hardcap_core.chat import ChatRequest
+from hardcap_core.config import Route
+from hardcap_core.events import Completion, Read
+
+
+class Provider(Protocol):
+    """Sends a :class:`ChatRequest` to a route's upstream model."""
+
+    #: What ``Event.raw`` looks like: a wire format of the same dialect may forward it.
+    dialect: str
+
+    async def complete(self, route: Route, request: ChatRequest, max_tokens: int) -> Completion:
+        """A whole reply of at most ``max_tokens`` output tokens."""
+        ...
+
+    def stream(
+        self, route: Route, request: ChatRequest, max_tokens: int
+    ) -> AbstractAsyncContextManager[AsyncIterator[Read]]:
+        """An open stream: entering it connects and checks the status (raising the error a
+        client gets if the upstream refuses); it yields the events of one network read at a
+        time; leaving it closes the connection, so the upstream stops generating."""
+        ...

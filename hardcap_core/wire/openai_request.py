@@ -1,0 +1,125 @@
+"""Reading an OpenAI chat-completions body: validation, and the estimate of its billed input.
+
+Bad input gets a clear 400 naming the field (and costs the tenant nothing: this runs before
+admission). Fields Hardcap does not know are passed through to the provider untouched.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hardcap_core.chat import ChatRequest
+from hardcap_core.errors import InvalidRequest
+from hardcap_core.tokens import json_tokens, text_tokens
+
+DIALECT = "openai_chat"
+PER_MESSAGE_OVERHEAD = 4  # role and separators a chat template adds per message
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+def parse_chat_request(raw: bytes, *, chars_per_token: float = 4.0) -> ChatRequest:
+    """Validate a request body; raise :class:`InvalidRequest` naming the bad field."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidRequest(f"The request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a non-empty string.", param="model")
+    _check_messages(body.get("messages"))
+
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidRequest("'stream' must be a boolean.", param="stream")
+    include_usage = False
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise InvalidRequest("'stream_options' must be an object.", param="stream_options")
+        flag = options.get("include_usage", False)
+        if not isinstance(flag, bool):
+            raise InvalidRequest(
+                "'stream_options.include_usage' must be a boolean.",
+                param="stream_options.include_usage",
+            )
+        include_usage = flag
+
+    n = body.get("n", 1)
+    if n is not None and (not _is_int(n) or n != 1):
+        raise InvalidRequest("Only n=1 is supported: each choice needs its own budget.", param="n")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise InvalidRequest("'tools' must be an array.", param="tools")
+
+    field, max_tokens = "max_tokens", None
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not _is_int(value):
+            raise InvalidRequest(f"'{name}' must be an integer.", param=name)
+        if value < 1:
+            raise InvalidRequest(f"'{name}' must be at least 1, got {value}.", param=name)
+        field, max_tokens = name, value
+        break
+
+    return ChatRequest(
+        body=body,
+        model=model,
+        stream=bool(stream),
+        include_usage=include_usage,
+        max_tokens=max_tokens,
+        max_tokens_field=field,
+        input_tokens=input_tokens(body, chars_per_token),
+        dialect=DIALECT,
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_messages(messages: Any) -> None:
+    if messages is None:
+        raise InvalidRequest("'messages' is required.", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("'messages' must be a non-empty array.", param="messages")
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise InvalidRequest(f"'{where}' must be an object.", param=where)
+        role = m.get("role")
+        if role not in ROLES:
+            raise InvalidRequest(
+                f"'{where}.role' must be one of {', '.join(sorted(ROLES))}.", param=f"{where}.role"
+            )
+        content = m.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise InvalidRequest(
+                f"'{where}.content' must be a string or an array of parts.",
+                param=f"{where}.content",
+            )
+
+
+def input_tokens(body: dict[str, Any], chars_per_token: float) -> int:
+    """Estimate of the prompt: message text, tool calls, tool definitions, a few tokens per
+    message. Corrected at settlement by the provider's count."""
+    total = 0
+    for message in body.get("messages") or ():
+        total += PER_MESSAGE_OVERHEAD
+        content = message.get("content")
+        if isinstance(content, str):
+            total += text_tokens(content, chars_per_token)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    total += text_tokens(part["text"], chars_per_token)
+        for call in message.get("tool_calls") or ():
+            total += json_tokens(call, chars_per_token)
+    if body.get("tools"):
+        total += json_tokens(body["tools"], chars_per_token)
+    return total
