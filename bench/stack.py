@@ -1,5 +1,6 @@
 """Processes for the benchmarks: the mock upstream and ``hardcap serve`` gateways, one OS process
-each, next to a private Valkey (:class:`hardcap_core.local.valkey.LocalValkey`).
+each (launched by :mod:`hardcap_core.local.stack`, as the tests' are), next to a private Valkey
+(:class:`hardcap_core.local.valkey.LocalValkey`), and config builders.
 
 Every server listens on 127.0.0.1 only. Gateways start through a tiny bootstrap
 (:data:`GATEWAY_BOOTSTRAP`) that can hide hiredis from redis-py before anything imports it, and
@@ -10,21 +11,16 @@ parser it measured (:func:`parser_in_use`).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
-import yaml
-
-from bench.machine import process_cpu_seconds
 from hardcap_core.auth import hash_key
-from hardcap_core.local.valkey import free_port
+from hardcap_core.local import stack as local_stack
+from hardcap_core.local.stack import Service
 
 ROOT = Path(__file__).resolve().parent.parent
 PARSER_LINE = "hardcap-bench: redis parser in use: "
@@ -64,50 +60,12 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@dataclass
-class Service:
-    """One server process started by a benchmark."""
-
-    name: str
-    proc: subprocess.Popen[bytes]
-    url: str  # http://127.0.0.1:<port>
-    log: Path
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU this process has used so far (Linux /proc)."""
-        return process_cpu_seconds(self.proc.pid)
-
-
 def _env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, **extra}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
-
-
-def _launch(name: str, args: Sequence[str], port: int, log: Path, env: dict[str, str]) -> Service:
-    handle = log.open("wb")
-    try:
-        proc = subprocess.Popen(
-            list(args), stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT)
-        )
-    finally:
-        handle.close()  # the child has its own descriptor
-    service = Service(name, proc, f"http://127.0.0.1:{port}", log)
-    try:
-        wait_http(f"{service.url}/healthz", proc)
-    except BaseException:
-        service.stop()
-        raise
-    return service
+    """The benchmarks run from a checkout: the repository goes first on the children's path."""
+    return {
+        **extra,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
 
 
 def start_mock(
@@ -123,24 +81,9 @@ def start_mock(
 
     ``nice`` < 0 raises its CPU priority (needs CAP_SYS_NICE; see :func:`set_nice`).
     """
-    port = free_port()
-    args = [
-        sys.executable,
-        "-m",
-        "hardcap_core.cli",
-        "mock",
-        "--port",
-        str(port),
-        "--pace-ms",
-        str(pace_ms),
-        "--seed",
-        str(seed),
-        "--median",
-        str(median),
-        "--sigma",
-        str(sigma),
-    ]
-    service = _launch("mock", args, port, tmp / f"mock-{port}.log", _env())
+    options = ["--pace-ms", str(pace_ms), "--seed", str(seed)]
+    options += ["--median", str(median), "--sigma", str(sigma)]
+    service = local_stack.start_mock(tmp, options, env=_env(), cwd=ROOT)
     if nice:
         set_nice(service.proc.pid, nice)
     return service
@@ -164,6 +107,16 @@ def get_nice(pid: int) -> int:
     return os.getpriority(os.PRIO_PROCESS, pid)
 
 
+def _gateway_launch(*, hiredis: bool, fast_server: bool, log_level: str) -> dict[str, Any]:
+    """How a benchmark gateway starts: through :data:`GATEWAY_BOOTSTRAP`, from the checkout."""
+    env = _env(
+        POWERTOOLS_LOG_LEVEL=log_level,
+        HARDCAP_BENCH_NO_HIREDIS="0" if hiredis else "1",
+        HARDCAP_BENCH_PLAIN_SERVER="0" if fast_server else "1",
+    )
+    return {"command": [sys.executable, "-c", GATEWAY_BOOTSTRAP], "env": env, "cwd": ROOT}
+
+
 def start_gateway(
     config: Path,
     tmp: Path,
@@ -174,28 +127,23 @@ def start_gateway(
 ) -> Service:
     """One ``hardcap serve`` process; ``hiredis=False`` hides the C parser from redis-py,
     ``fast_server=False`` hides uvloop and httptools from uvicorn."""
-    port = free_port()
-    args = [sys.executable, "-c", GATEWAY_BOOTSTRAP, "serve", "-c", str(config)]
-    args += ["--port", str(port)]
-    env = _env(
-        POWERTOOLS_LOG_LEVEL=log_level,
-        HARDCAP_BENCH_NO_HIREDIS="0" if hiredis else "1",
-        HARDCAP_BENCH_PLAIN_SERVER="0" if fast_server else "1",
-    )
-    return _launch("gateway", args, port, tmp / f"gateway-{port}.log", env)
+    launch = _gateway_launch(hiredis=hiredis, fast_server=fast_server, log_level=log_level)
+    return local_stack.start_gateway(config, tmp, **launch)
 
 
 @contextmanager
-def gateways(data: dict[str, Any], count: int, tmp: Path, **kwargs: Any) -> Iterator[list[Service]]:
+def gateways(
+    data: dict[str, Any],
+    count: int,
+    tmp: Path,
+    *,
+    hiredis: bool = True,
+    fast_server: bool = True,
+    log_level: str = "WARNING",
+) -> Iterator[list[Service]]:
     """``count`` gateway processes serving the config ``data``; stopped on exit."""
-    path = tmp / "config.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    with ExitStack() as stack:
-        started = []
-        for _ in range(count):
-            service = start_gateway(path, tmp, **kwargs)
-            stack.callback(service.stop)
-            started.append(service)
+    launch = _gateway_launch(hiredis=hiredis, fast_server=fast_server, log_level=log_level)
+    with local_stack.gateways(data, count, tmp, **launch) as started:
         yield started
 
 
@@ -217,20 +165,6 @@ def _reported(service: Service, prefix: str, timeout_s: float) -> str:
                 return line[len(prefix) :].strip()
         time.sleep(0.05)
     return "unknown"
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not come up within {timeout_s} s")
 
 
 def tenant_key(tenant: str) -> str:

@@ -1,14 +1,12 @@
 """The local stack for end-to-end tests: mock upstream + gateway(s) on real ports + real Valkey.
 
 Gateways run in this process (a uvicorn thread) or as separate ``hardcap serve`` processes,
-the local stand-in for separate Lambda execution environments.
+the local stand-in for separate Lambda execution environments, launched by
+:mod:`hardcap_core.local.stack` as the benchmarks' are.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
-from bench.stack import wait_http
 from hardcap_core.auth import hash_key
 from hardcap_core.config import parse_config
 from hardcap_core.local.mock_upstream import MockSettings, create_mock_app
 from hardcap_core.local.servers import ThreadServer
+from hardcap_core.local.stack import gateways
 from hardcap_core.local.valkey import free_port
 
 KEYS = {"alpha": "sk-test-alpha", "beta": "sk-test-beta", "open": "sk-test-open"}
@@ -157,28 +154,5 @@ def gateway_thread(data: dict[str, Any]) -> Iterator[str]:
 @contextmanager
 def gateway_processes(data: dict[str, Any], count: int, tmp: Path) -> Iterator[list[str]]:
     """``count`` separate `hardcap serve` processes sharing one Valkey; yields base URLs."""
-    path = tmp / "config.yaml"
-    path.write_text(yaml.safe_dump(data))
-    ports = [free_port() for _ in range(count)]
-    logs = [(tmp / f"gateway-{p}.log").open("wb") for p in ports]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "hardcap_core.cli", "serve", "-c", str(path), "--port", str(p)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "POWERTOOLS_LOG_LEVEL": "WARNING"},
-        )
-        for p, log in zip(ports, logs, strict=True)
-    ]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
-    try:
-        for url, proc in zip(urls, procs, strict=True):
-            wait_http(f"{url}/healthz", proc)
-        yield [f"{u}/v1" for u in urls]
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(10)
-        for log in logs:
-            log.close()
+    with gateways(data, count, tmp, env={"POWERTOOLS_LOG_LEVEL": "WARNING"}) as started:
+        yield [f"{service.url}/v1" for service in started]
