@@ -1,12 +1,15 @@
-"""Servers for local runs, tests and benchmarks: uvicorn in a background thread.
+"""Servers for local runs, tests and benchmarks: uvicorn in a background thread, and SIGTERM
+handled the way Ctrl-C is.
 
 Not shipped to Lambda (the artifact leaves ``hardcap_core/local/`` out).
 """
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
+from types import FrameType
 from typing import Any
 
 # Keep idle client connections longer than clients' pools do (uvicorn's default is 5 s): a
@@ -41,3 +44,31 @@ class ThreadServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: raised in the main thread by the handler :func:`stop_on_sigterm` sets.
+
+    A KeyboardInterrupt, so whatever already unwinds cleanly on Ctrl-C (``uvicorn.run``, the
+    demo's wait, every ``finally`` that stops an embedded Valkey) does the same on SIGTERM.
+    """
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM (what a process manager sends) stop this process as Ctrl-C does.
+
+    Without a handler, SIGTERM kills Python before any ``finally`` runs; uvicorn, which catches
+    it for a graceful shutdown, raises it again afterwards, with the handler it found. Either way
+    an embedded Valkey (a process of its own session) and server threads were left running.
+    Does nothing outside the main thread, where Python allows no signal handlers.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def _raise(signum: int, frame: FrameType | None) -> None:
+        # Once: a second SIGTERM must not cut short the unwinding that stops the servers; a
+        # process manager that runs out of patience sends SIGKILL.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, _raise)
