@@ -167,6 +167,7 @@ class Plan:
     finish_reason: FinishReason
     pace_ms: float
     die_after: int | None
+    gzip: bool = False  # compress the stream whatever the client asked (`[mock:gzip=1]`)
 
     @property
     def completion_tokens(self) -> int:
@@ -234,4 +235,5 @@ def make_plan(
         finish_reason=finish,
         pace_ms=knobs.get("pace_ms", pace_ms),
         die_after=None if die_after is None else int(die_after),
+        gzip=bool(knobs.get("gzip")),
     )

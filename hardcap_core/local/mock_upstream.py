@@ -10,7 +10,8 @@ Tenant: the request's `user`, else `metadata.tenant`, else "anonymous".
 Test directives in the last user message: `[mock:status=503]` answers with that status;
 `[mock:die_after=N]` cuts a stream after N tokens, or at its end if shorter (no finish chunk,
 no [DONE]; ignored without streaming); `[mock:tokens=N]` forces N output tokens (max_tokens
-still caps); `[mock:pace_ms=X]` overrides the pace.
+still caps); `[mock:pace_ms=X]` overrides the pace; `[mock:gzip=1]` gzips the stream even when
+the client asked for no content encoding, as a misconfigured provider or proxy would.
 
 Randomness is drawn when a request arrives, so a seeded run is reproducible as long as requests
 arrive in the same order.
@@ -25,6 +26,7 @@ import json
 import random
 import time
 import uuid
+import zlib
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -139,8 +141,13 @@ class _CuttableStreamingResponse(StreamingResponse):
     the generator ever ran, its `finally` never runs, so the account is closed here too.
     """
 
-    def __init__(self, content: AsyncGenerator[str, None], account: _Account) -> None:
-        super().__init__(content, media_type="text/event-stream")
+    def __init__(
+        self,
+        content: AsyncGenerator[str, None] | AsyncGenerator[bytes, None],
+        account: _Account,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=headers)
         self._generator = content
         self._account = account
 
@@ -154,6 +161,17 @@ class _CuttableStreamingResponse(StreamingResponse):
         finally:
             await self._generator.aclose()
             self._account.close(finished=False)
+
+
+async def _gzipped(events: AsyncGenerator[str, None]) -> AsyncGenerator[bytes, None]:
+    """The stream gzip-compressed, flushed after every event so it still streams."""
+    packer = zlib.compressobj(wbits=31)  # 31: the gzip container
+    try:
+        async for event in events:
+            yield packer.compress(event.encode()) + packer.flush(zlib.Z_SYNC_FLUSH)
+        yield packer.flush()
+    finally:
+        await events.aclose()
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -328,6 +346,9 @@ def create_mock_app(settings: MockSettings) -> Starlette:
         account = _Account(tenant)
         if req.stream:
             body = _stream(req, plan, account, settings.first_token_ms)
+            if plan.gzip:
+                encoding = {"content-encoding": "gzip"}
+                return _CuttableStreamingResponse(_gzipped(body), account, encoding)
             return _CuttableStreamingResponse(body, account)
         return await _complete(req, plan, account, settings.first_token_ms)
 

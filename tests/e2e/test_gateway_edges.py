@@ -1,0 +1,143 @@
+"""What every response carries and every route answers, whatever the path: request ids, the
+OpenAI error shape on routes the app does not serve, budget headers, and a provider that
+compresses its stream although asked not to."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+import redis
+
+from hardcap_core.local.mock_upstream import MockSettings
+from hardcap_core.local.valkey import LocalValkey
+from hardcap_core.logs import logger
+from tests.stack import KEYS, Mock, config_data, gateway_thread
+
+AUTH = {"authorization": f"Bearer {KEYS['alpha']}"}
+
+
+@pytest.fixture(scope="module")
+def mock() -> Iterator[Mock]:
+    m = Mock(MockSettings(pace_ms=0.5, seed=9))
+    yield m
+    m.stop()
+
+
+@pytest.fixture
+def base(valkey: LocalValkey, mock: Mock) -> Iterator[str]:
+    with redis.Redis.from_url(valkey.url) as r:
+        r.flushall()
+    mock.reset()
+    with gateway_thread(config_data(mock.url, valkey.url)) as url:
+        yield url
+
+
+def root(base: str) -> str:
+    return base.removesuffix("/v1")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        ("GET", "/healthz", 200),
+        ("GET", "/v1/models", 200),
+        ("GET", "/v1/no-such-route", 404),
+        ("GET", "/v1/chat/completions", 405),
+        ("POST", "/v1/chat/completions", 400),
+        ("GET", "/v1/hardcap/usage", 200),
+    ],
+)
+def test_every_response_has_a_request_id(base: str, method: str, path: str, status: int) -> None:
+    r = httpx.request(method, root(base) + path, headers=AUTH, content=b"{}")
+    assert r.status_code == status
+    assert len(r.headers["x-request-id"]) == 32  # a fresh uuid4 hex
+    echoed = httpx.request(
+        method, root(base) + path, headers={**AUTH, "x-request-id": "client-42.a:b"}, content=b"{}"
+    )
+    assert echoed.headers["x-request-id"] == "client-42.a:b"
+
+
+def test_an_oversized_or_odd_request_id_is_replaced_not_echoed(base: str) -> None:
+    buffer = io.StringIO()
+    handler = logging.StreamHandler(buffer)
+    handler.setFormatter(logger.registered_formatter)
+    logger.addHandler(handler)
+    try:
+        for presented in ("x" * 8000, "has space", 'quote"d', "x" * 129):
+            r = httpx.get(f"{base}/models", headers={**AUTH, "x-request-id": presented})
+            assert r.status_code == 200
+            assert r.headers["x-request-id"] != presented
+            assert len(r.headers["x-request-id"]) <= 128
+    finally:
+        logger.removeHandler(handler)
+    assert "x" * 129 not in buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "code"),
+    [
+        ("GET", "/v1/nope", 404, "not_found"),
+        ("GET", "/v1/chat/completions", 405, "method_not_allowed"),
+        ("DELETE", "/v1/models", 405, "method_not_allowed"),
+        ("POST", "/healthz", 405, "method_not_allowed"),
+    ],
+)
+def test_unserved_routes_answer_in_the_openai_error_shape(
+    base: str, method: str, path: str, status: int, code: str
+) -> None:
+    r = httpx.request(method, root(base) + path, headers=AUTH)
+    assert r.status_code == status
+    error = r.json()["error"]
+    assert error["code"] == code
+    assert error["type"] == "invalid_request_error"
+    assert set(error) == {"message", "type", "code", "param"}
+    if status == 405:
+        assert r.headers["allow"]
+        assert method in error["message"]
+
+
+def test_the_sdk_raises_its_own_errors_for_unserved_routes(base: str) -> None:
+    with openai.OpenAI(base_url=base, api_key=KEYS["alpha"], max_retries=0) as client:
+        with pytest.raises(openai.NotFoundError) as raised:
+            client.get("/nope", cast_to=object)
+        assert raised.value.code == "not_found"
+
+
+def test_models_carries_budget_headers(base: str) -> None:
+    r = httpx.get(f"{base}/models", headers=AUTH)
+    assert r.status_code == 200
+    assert {m["id"] for m in r.json()["data"]} >= {"small", "p95"}
+    # alpha: 1,000,000 total tokens a day, nothing spent yet.
+    assert r.headers["x-token-budget-limit"] == "1000000"
+    assert r.headers["x-token-budget-remaining"] == "1000000"
+    assert r.headers["x-ratelimit-remaining-tokens"] == "1000000"
+
+
+def test_a_stream_the_provider_gzips_anyway_reaches_the_client_intact(
+    base: str, mock: Mock
+) -> None:
+    """httpx asks for gzip by default and the relay used to parse raw bytes: a compressed
+    stream reached the SSE parser undecoded and the client got a broken stream."""
+    with openai.OpenAI(base_url=base, api_key=KEYS["alpha"], max_retries=0) as client:
+        chunks = list(
+            client.chat.completions.create(
+                model="small",
+                messages=[{"role": "user", "content": "hi [mock:gzip=1] [mock:tokens=30]"}],
+                stream=True,
+                stream_options={"include_usage": True},
+                user="alpha",
+            )
+        )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(text.split()) >= 25  # 30 word pieces; a few may be punctuation
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert finish == ["stop"]
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 30 == mock.truth("alpha")["completion_tokens"]
