@@ -52,7 +52,7 @@ def run_demo(config_path: str, port: int, *, once: bool, mock_port: int | None =
         mock = ThreadServer(create_mock_app(MockSettings(pace_ms=15, seed=7)), mock_url.port or 80)
         mock.start()
         gateway = ThreadServer(create_app(config), port).start()
-        return _show(valkey.url, mock.url, f"{gateway.url}/v1", once=once)
+        return _show(config_path, valkey.url, mock.url, f"{gateway.url}/v1", once=once)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (hardcap_core.local.servers.Terminated)
         return 0
     finally:
@@ -76,9 +76,10 @@ def _config(path: str, mock_port: int | None) -> Config:
     return parse_config(data, source=path)
 
 
-def _show(valkey_url: str, mock_url: str, base: str, *, once: bool) -> int:
+def _show(config_path: str, valkey_url: str, mock_url: str, base: str, *, once: bool) -> int:
     """Print where everything runs, one streamed completion and the usage; then wait."""
     say = functools.partial(print, flush=True)  # a pipe (a process manager, tee) sees it now
+    say(f"Config                          {Path(config_path).resolve()}")
     say(f"Valkey (embedded, real server)  {valkey_url}")
     say(f"Mock upstream                   {mock_url}/v1")
     say(f"  its ground truth              {mock_url}/mock/ground-truth")

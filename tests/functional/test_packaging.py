@@ -1,4 +1,5 @@
-"""The wheel carries the Lua scripts, and an installed copy finds and runs them without the repo.
+"""The wheel carries the Lua scripts and the demo config, and an installed copy finds and runs
+them without the repo (the scripts against a server, ``hardcap demo`` end to end).
 
 Builds the wheel with pip (build isolation fetches hatchling from the package index), unpacks
 it, and imports ``hardcap_core`` from there in a subprocess that cannot see the repository.
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hardcap_core.ledger.scripts import LEDGER_SCRIPTS, STANDALONE_SCRIPTS
-from hardcap_core.local.valkey import LocalValkey
+from hardcap_core.local.valkey import LocalValkey, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = ("lib", *LEDGER_SCRIPTS, *STANDALONE_SCRIPTS)
@@ -27,7 +28,7 @@ import asyncio, json, sys
 import redis.asyncio as aioredis
 import hardcap_core
 from hardcap_core.budgets import Budget, Dimension, Level, LevelKind, Scope, Window
-from hardcap_core.ledger.client import Admitted, Ledger
+from hardcap_core.ledger import Admitted, Ledger
 from hardcap_core.ledger.scripts import lua_dir, source
 
 async def admit(url):
@@ -73,13 +74,14 @@ def test_wheel_contains_every_script(wheel: Path) -> None:
             packed = f"hardcap_core/lua/{name}.lua"
             assert packed in names
             assert z.read(packed) == (REPO / "lua" / f"{name}.lua").read_bytes()
+        demo = "hardcap_core/local/demo.yaml"
+        assert z.read(demo) == (REPO / demo).read_bytes()
 
 
-@pytest.mark.slow
-def test_installed_wheel_finds_and_runs_its_scripts(
-    wheel: Path, tmp_path: Path, valkey: LocalValkey
-) -> None:
-    site = tmp_path / "site"
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """The unpacked wheel and an environment whose Python sees it and the dependencies only."""
+    site = tmp_path_factory.mktemp("installed") / "site"
     with zipfile.ZipFile(wheel) as z:
         z.extractall(site)
     # Dependencies from this interpreter's path, but neither the repo nor an editable install
@@ -91,10 +93,17 @@ def test_installed_wheel_finds_and_runs_its_scripts(
         for p in sys.path
         if p and (not Path(p).resolve().is_relative_to(REPO) or "site-packages" in Path(p).parts)
     ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *deps])}
+    return site, {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *deps])}
+
+
+@pytest.mark.slow
+def test_installed_wheel_finds_and_runs_its_scripts(
+    installed: tuple[Path, dict[str, str]], valkey: LocalValkey
+) -> None:
+    site, env = installed
     done = subprocess.run(
         [sys.executable, "-S", "-P", "-c", PROBE, valkey.url],
-        cwd=tmp_path,
+        cwd=site.parent,
         env=env,
         capture_output=True,
         text=True,
@@ -111,3 +120,27 @@ def test_installed_wheel_finds_and_runs_its_scripts(
     admit = (REPO / "lua" / "admit.lua").read_text(encoding="utf-8")
     assert lib in got["admit_source"] and admit in got["admit_source"]
     assert got["used"] == 15
+
+
+@pytest.mark.slow
+def test_demo_runs_from_the_installed_wheel(installed: tuple[Path, dict[str, str]]) -> None:
+    """`hardcap demo` with no arguments but ports: its config ships inside the package."""
+    site, env = installed
+    ports = ["--port", str(free_port()), "--mock-port", str(free_port())]
+    done = subprocess.run(
+        [sys.executable, "-S", "-P", "-m", "hardcap_core.cli", "demo", "--once", *ports],
+        cwd=site.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    config = next(line for line in done.stdout.splitlines() if line.startswith("Config"))
+    assert Path(config.split()[-1]) == site / "hardcap_core" / "local" / "demo.yaml"
+    assert "[finish_reason: " in done.stdout
+    assert "[usage: " in done.stdout  # the stream's usage chunk
+    assert "[DONE]" in done.stdout
+    assert '"object": "hardcap.usage"' in done.stdout
+    assert '"tenant": "alpha"' in done.stdout
