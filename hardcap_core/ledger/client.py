@@ -36,7 +36,7 @@ from hardcap_core.ledger.replies import (
     parse_settle,
     parse_usage,
 )
-from hardcap_core.ledger.scripts import Scripts
+from hardcap_core.ledger.scripts import Script, Scripts
 
 DEFAULT_RESERVATION_TTL_S = 120.0
 FREE = Prices()
@@ -205,7 +205,7 @@ class Ledger:
         ]
         return used_keys, {"b": rows, "w": [[b.start_ms, b.end_ms] for b in bounds]}
 
-    async def _run(self, script: Any, build: Build) -> list[Any]:
+    async def _run(self, script: Script, build: Build) -> list[Any]:
         """Call ``script`` with keys and args built for the server's time; retry on 'clock'."""
         for _ in range(_CLOCK_RETRIES):
             keys, args = build(self.server_now_ms())

@@ -8,10 +8,11 @@ on NOSCRIPT, so a ``SCRIPT FLUSH`` or a failover to a fresh node costs one extra
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 LEDGER_SCRIPTS = ("admit", "extend", "settle", "usage")
 STANDALONE_SCRIPTS = ("estimator_record",)
@@ -39,15 +40,22 @@ def source(name: str) -> str:
     return body
 
 
+class Script(Protocol):
+    """A registered script (redis-py's ``AsyncScript``): EVALSHA, reloaded on NOSCRIPT."""
+
+    def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Awaitable[Any]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Scripts:
-    """Registered script objects for one client (standalone or cluster)."""
+    """Registered script objects for one client (standalone or cluster). Each reply's layout
+    is in its script's header and parsed in :mod:`hardcap_core.ledger.replies`."""
 
-    admit: Any
-    extend: Any
-    settle: Any
-    usage: Any
-    estimator_record: Any
+    admit: Script
+    extend: Script
+    settle: Script
+    usage: Script
+    estimator_record: Script
 
     @classmethod
     def register(cls, client: Any) -> Scripts:

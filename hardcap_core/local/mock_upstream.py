@@ -38,6 +38,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from hardcap_core.local.mock_plan import ChatRequest, Plan, make_plan
+from hardcap_core.local.mock_truth import Account, GroundTruth
 
 MODELS = ("mock-small", "mock-large", "mock-reason")
 
@@ -60,76 +61,8 @@ class MockSettings:
             raise ValueError("median_tokens must be >= 1, sigma and reasoning_tokens >= 0")
 
 
-@dataclasses.dataclass
-class TenantTruth:
-    """What the mock really did for one tenant.
-
-    `completion_tokens` counts reasoning and output tokens as they were handed to the server.
-    `aborted`: answers that never reached their end (client gone, or `die_after`). `errors`:
-    injected error statuses, which count as requests but bill nothing.
-    """
-
-    requests: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    completed: int = 0
-    aborted: int = 0
-    in_flight: int = 0
-    errors: int = 0
-
-    def as_json(self) -> dict[str, int]:
-        """The counters plus `total_tokens`."""
-        counters = dataclasses.asdict(self)
-        counters["total_tokens"] = self.prompt_tokens + self.completion_tokens
-        return counters
-
-
-class GroundTruth:
-    """Per-tenant counters, mutated only from the server's event loop (so no lock).
-
-    A request holds on to its tenant's `TenantTruth`; after `reset()` requests still in flight
-    update the discarded object, so they never leak into (or drive negative) the new counters.
-    """
-
-    def __init__(self) -> None:
-        self._tenants: dict[str, TenantTruth] = {}
-
-    def tenant(self, name: str) -> TenantTruth:
-        """The live counters of `name`, created on first use."""
-        return self._tenants.setdefault(name, TenantTruth())
-
-    def reset(self) -> None:
-        """Forget everything recorded so far."""
-        self._tenants = {}
-
-    def as_json(self) -> dict[str, Any]:
-        """The `GET /mock/ground-truth` body."""
-        return {"tenants": {name: t.as_json() for name, t in self._tenants.items()}}
-
-
 class _MockAbort(Exception):
     """Raised inside a stream's generator to cut the connection (`[mock:die_after=N]`)."""
-
-
-@dataclasses.dataclass
-class _Account:
-    """One request's entry in the ground truth; `close` counts it as completed or aborted once."""
-
-    truth: TenantTruth
-    closed: bool = False
-
-    def add_tokens(self, count: int) -> None:
-        self.truth.completion_tokens += count
-
-    def close(self, finished: bool) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.truth.in_flight -= 1
-        if finished:
-            self.truth.completed += 1
-        else:
-            self.truth.aborted += 1
 
 
 class _CuttableStreamingResponse(StreamingResponse):
@@ -144,7 +77,7 @@ class _CuttableStreamingResponse(StreamingResponse):
     def __init__(
         self,
         content: AsyncGenerator[str, None] | AsyncGenerator[bytes, None],
-        account: _Account,
+        account: Account,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(content, media_type="text/event-stream", headers=headers)
@@ -197,7 +130,7 @@ def _usage(plan: Plan) -> dict[str, Any]:
 
 
 async def _stream(
-    req: ChatRequest, plan: Plan, account: _Account, first_token_ms: float
+    req: ChatRequest, plan: Plan, account: Account, first_token_ms: float
 ) -> AsyncGenerator[str, None]:
     """SSE events, one token per chunk; counts each token into `account` as it is yielded."""
     chunk_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
@@ -271,7 +204,7 @@ async def _stream(
 
 
 async def _complete(
-    req: ChatRequest, plan: Plan, account: _Account, first_token_ms: float
+    req: ChatRequest, plan: Plan, account: Account, first_token_ms: float
 ) -> Response:
     finished = False
     try:
@@ -343,7 +276,7 @@ def create_mock_app(settings: MockSettings) -> Starlette:
             return _error(plan.status, f"injected error ([mock:status={plan.status}])")
         tenant.prompt_tokens += plan.prompt_tokens
         tenant.in_flight += 1
-        account = _Account(tenant)
+        account = Account(tenant)
         if req.stream:
             body = _stream(req, plan, account, settings.first_token_ms)
             if plan.gzip:
