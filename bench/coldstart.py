@@ -15,7 +15,13 @@ importtime``) attributes import time to top-level packages.
 Targets: the source tree with this interpreter (default), and with ``--artifact DIR --python
 PY`` a built artifact (``LAMBDA_ARCH=x86_64 sam build`` on an x86_64 machine) under CPython 3.13
 with /var/task's read-only bytecode rule (PYTHONDONTWRITEBYTECODE), both with the bytecode the
-build shipped and with none. The page cache is warm: Lambda also reads code from a local disk.
+build shipped and with none (``--targets`` picks among them). The page cache is warm: Lambda
+also reads code from a local disk.
+
+``--servers asyncio-h11,uvloop-httptools`` measures the uvicorn entry once per event loop and
+HTTP parser: run.sh is copied with its ``--loop`` and ``--http`` options replaced, everything
+else as shipped. Runs alternate between entries, so a burst of other work on the machine hits
+them alike.
 
     python bench/coldstart.py --runs 10
     python bench/coldstart.py --artifact .aws-sam/build/GatewayFunction \\
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import re
@@ -135,8 +142,11 @@ def ms(seconds: float) -> float:
     return round(seconds * 1000, 2)
 
 
-def run_uvicorn(target: Target, stack: Stack, *, profile: bool = False) -> dict[str, Any]:
-    """One cold start of run.sh: ready (healthz answers), then the first completion."""
+def run_uvicorn(
+    target: Target, stack: Stack, *, profile: bool = False, script: Path = GATEWAY / "run.sh"
+) -> dict[str, Any]:
+    """One cold start of run.sh (or ``script``): ready (healthz answers), then the first
+    completion."""
     event = json.loads(CHAT_EVENT.read_text())
     port = free_port()
     env = target.environ({**stack.env(), "AWS_LWA_PORT": str(port)})
@@ -147,7 +157,7 @@ def run_uvicorn(target: Target, stack: Stack, *, profile: bool = False) -> dict[
     with tempfile.TemporaryFile() as errors:
         started = time.perf_counter()
         proc = subprocess.Popen(
-            [str(GATEWAY / "run.sh")],
+            [str(script)],
             env=env,
             cwd=target.task_root,
             stdout=subprocess.DEVNULL,
@@ -315,6 +325,16 @@ def local_stack() -> Iterator[Stack]:
 
 
 def targets(args: argparse.Namespace, scratch: Path) -> list[Target]:
+    """The targets ``--targets`` names (tree, artifact, artifact-no-bytecode; default: all)."""
+    found = _all_targets(args, scratch)
+    wanted = set(args.targets.split(",")) if args.targets else None
+    chosen = [t for t in found if wanted is None or re.sub(r"-py[\d.]+", "", t.name) in wanted]
+    if not chosen:
+        raise SystemExit(f"--targets {args.targets}: none of {[t.name for t in found]}")
+    return chosen
+
+
+def _all_targets(args: argparse.Namespace, scratch: Path) -> list[Target]:
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     # The repository's hardcap_core, whether or not this environment has it installed.
     found = [Target(f"tree-py{version}", sys.executable, GATEWAY, {"PYTHONPATH": str(ROOT)})]
@@ -339,29 +359,72 @@ def targets(args: argparse.Namespace, scratch: Path) -> list[Target]:
 
 
 ENTRIES: dict[str, Callable[..., dict[str, Any]]] = {"uvicorn": run_uvicorn, "mangum": run_mangum}
+# uvicorn's --loop and --http choices a variant can name, as "<loop>-<http>".
+LOOPS, PARSERS = ("asyncio", "uvloop"), ("h11", "httptools")
+SERVER_OPTION = re.compile(r"--(loop|http) \S+")
+
+
+def shipped_server(script: Path = GATEWAY / "run.sh") -> str:
+    """The ``<loop>-<http>`` run.sh starts uvicorn with."""
+    found = dict(m.group(0).split() for m in SERVER_OPTION.finditer(script.read_text()))
+    return f"{found['--loop']}-{found['--http']}"
+
+
+def server_script(variant: str, scratch: Path) -> Path:
+    """A copy of run.sh whose uvicorn uses the loop and HTTP parser of ``variant``."""
+    loop, _, http = variant.partition("-")
+    if loop not in LOOPS or http not in PARSERS:
+        raise SystemExit(f"--servers: {variant!r} is not <{'|'.join(LOOPS)}>-<{'|'.join(PARSERS)}>")
+    text = (GATEWAY / "run.sh").read_text()
+    if len(SERVER_OPTION.findall(text)) != 2:
+        raise SystemExit("run.sh: expected one --loop and one --http option to replace")
+    text = SERVER_OPTION.sub(
+        lambda m: f"--{m.group(1)} {loop if m.group(1) == 'loop' else http}", text
+    )
+    path = scratch / f"run-{variant}.sh"
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def entries(args: argparse.Namespace, scratch: Path) -> dict[str, Callable[..., dict[str, Any]]]:
+    """The entries to measure: ``uvicorn`` (or one ``uvicorn:<loop>-<http>`` per server variant),
+    ``mangum``."""
+    chosen: dict[str, Callable[..., dict[str, Any]]] = {}
+    for name in args.entries.split(","):
+        if name == "uvicorn" and args.servers:
+            for variant in args.servers.split(","):
+                script = server_script(variant, scratch)
+                chosen[f"uvicorn:{variant}"] = functools.partial(run_uvicorn, script=script)
+        else:
+            chosen[name] = ENTRIES[name]
+    return chosen
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with local_stack() as stack, tempfile.TemporaryDirectory() as scratch:
         chosen = targets(args, Path(scratch))
-        bar = progress(len(chosen) * len(ENTRIES) * (args.runs + 1))
+        runs = entries(args, Path(scratch))
+        bar = progress(len(chosen) * len(runs) * (args.runs + 1))
         try:
             for target in chosen:
-                entry_results: dict[str, Any] = {}
-                for entry, run in ENTRIES.items():
-                    bar.set_postfix_str(f"{target.name} {entry}")
-                    samples = []
-                    for _ in range(args.runs):
+                samples: dict[str, list[dict[str, Any]]] = {entry: [] for entry in runs}
+                # Entries take turns, run by run: load from elsewhere falls on all of them.
+                for _ in range(args.runs):
+                    for entry, run in runs.items():
+                        bar.set_postfix_str(f"{target.name} {entry}")
                         stack.flush()
-                        samples.append(run(target, stack))
+                        samples[entry].append(run(target, stack))
                         bar.update(1)
+                entry_results: dict[str, Any] = {}
+                for entry, run in runs.items():
                     stack.flush()
                     profiled = run(target, stack, profile=True)
                     bar.update(1)
                     entry_results[entry] = {
-                        "summary": summarize(samples),
-                        "samples": samples,
+                        "summary": summarize(samples[entry]),
+                        "samples": samples[entry],
                         "imports": import_breakdown(profiled.pop("importtime")),
                     }
                 results[target.name] = {
@@ -387,7 +450,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
     for name, target in data["targets"].items():
         for entry, result in target["entries"].items():
             s = result["summary"]
-            start = s["ready_ms" if entry == "uvicorn" else "init_ms"]["median"]
+            start = s["ready_ms" if entry.startswith("uvicorn") else "init_ms"]["median"]
             labels.append(f"{name}\n{entry}")
             starts.append(start)
             firsts.append(s["first_response_ms"]["median"] - start)
@@ -407,6 +470,17 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=10, help="cold starts per entry and target")
     parser.add_argument("--artifact", help="a built artifact folder to measure as well")
     parser.add_argument("--python", help="CPython 3.13 for the artifact (default python3.13)")
+    parser.add_argument(
+        "--targets", help="comma-separated: tree, artifact, artifact-no-bytecode (default: all)"
+    )
+    parser.add_argument(
+        "--entries", default="uvicorn,mangum", help="comma-separated: uvicorn, mangum"
+    )
+    parser.add_argument(
+        "--servers",
+        help="uvicorn entry once per <loop>-<http>, e.g. asyncio-h11,uvloop-httptools "
+        "(default: as run.sh has it)",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "coldstart.json"))
     parser.add_argument("--plot", help="also draw the medians into this PNG (matplotlib)")
     return parser.parse_args(None if argv is None else list(argv))
@@ -423,6 +497,10 @@ def main(argv: Iterable[str] | None = None) -> int:
             "artifact": args.artifact,
             "python": args.python,
             "event": CHAT_EVENT.relative_to(ROOT).as_posix(),
+            "targets": args.targets,
+            "entries": args.entries,
+            "servers": args.servers,
+            "run_sh_server": shipped_server(),
         },
         "machine": machine_info(),
     }
@@ -437,7 +515,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         for entry, result in target["entries"].items():
             first = result["summary"]["first_response_ms"]
             print(
-                f"{name:30} {entry:8} first response: median {first['median']:8.1f} ms, "
+                f"{name:30} {entry:26} first response: median {first['median']:8.1f} ms, "
                 f"p90 {first['p90']:8.1f} ms; imports {result['imports']['total_ms']} ms"
             )
     print(f"wrote {out}")
