@@ -103,6 +103,11 @@ def _check_messages(messages: Any) -> None:
                 f"'{where}.content' must be a string or an array of parts.",
                 param=f"{where}.content",
             )
+        calls = m.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise InvalidRequest(
+                f"'{where}.tool_calls' must be an array.", param=f"{where}.tool_calls"
+            )
 
 
 def input_tokens(body: dict[str, Any], chars_per_token: float) -> int:
