@@ -108,9 +108,16 @@ class ChunkEncoder:
             usage: dict[str, Any] = {}
             if charged.provider_usage is not None and charged.provider_usage.raw is not None:
                 usage = dict(charged.provider_usage.raw)
-            usage.setdefault("prompt_tokens", charged.input_tokens)
-            usage.setdefault("completion_tokens", charged.output_tokens)
-            usage.setdefault("total_tokens", usage["prompt_tokens"] + usage["completion_tokens"])
+            # A count the provider left out or sent as null is the charge.
+            counts = (
+                ("prompt_tokens", charged.input_tokens),
+                ("completion_tokens", charged.output_tokens),
+            )
+            for key, count in counts:
+                if type(usage.get(key)) is not int:
+                    usage[key] = count
+            if type(usage.get("total_tokens")) is not int:
+                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
             out += sse.encode({**self._chunk([]), "usage": usage})
         return out + sse.encode(sse.DONE)
 
