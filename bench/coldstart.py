@@ -20,8 +20,8 @@ also reads code from a local disk.
 
 ``--servers asyncio-h11,uvloop-httptools`` measures the uvicorn entry once per event loop and
 HTTP parser: run.sh is copied with its ``--loop`` and ``--http`` options replaced, everything
-else as shipped. Runs alternate between entries, so a burst of other work on the machine hits
-them alike.
+else as shipped. Entries take turns run by run, the first of each round rotating, so a burst of
+other work on the machine hits them alike.
 
     python bench/coldstart.py --runs 10
     python bench/coldstart.py --artifact .aws-sam/build/GatewayFunction \\
@@ -410,9 +410,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         try:
             for target in chosen:
                 samples: dict[str, list[dict[str, Any]]] = {entry: [] for entry in runs}
-                # Entries take turns, run by run: load from elsewhere falls on all of them.
-                for _ in range(args.runs):
-                    for entry, run in runs.items():
+                # Entries take turns, run by run, and who goes first rotates: load from elsewhere,
+                # and whatever one start leaves behind for the next, fall on all of them alike.
+                order = list(runs.items())
+                for i in range(args.runs):
+                    shift = i % len(order)
+                    for entry, run in order[shift:] + order[:shift]:
                         bar.set_postfix_str(f"{target.name} {entry}")
                         stack.flush()
                         samples[entry].append(run(target, stack))
