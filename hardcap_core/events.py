@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class OutputKind(StrEnum):
@@ -53,9 +53,8 @@ class FinishReason(StrEnum):
             return cls.OTHER
 
 
-@dataclass(frozen=True, slots=True)
-class Output:
-    """One piece of billed output in an event."""
+class Output(NamedTuple):
+    """One piece of billed output in an event. (A tuple: one is made per streamed delta.)"""
 
     kind: OutputKind
     text: str

@@ -74,7 +74,9 @@ class OpenAICompatible:
             for out in self._outputs(choice.get("message"), i)
         ]
         finish = next((_finish(c) for c in _list(data.get("choices")) if _finish(c)), None)
-        return Completion(data, output, sum(o.tokens for o in output), _usage(data), finish)
+        return Completion(
+            data, output, sum(o.tokens for o in output), _usage(data.get("usage")), finish
+        )
 
     @asynccontextmanager
     async def stream(
@@ -147,7 +149,7 @@ class OpenAICompatible:
             chunk = json.loads(data)
         except json.JSONDecodeError:
             return Event(error=MALFORMED)
-        if not isinstance(chunk, dict):
+        if type(chunk) is not dict:
             return Event()
         if "error" in chunk:
             error = chunk["error"]
@@ -155,37 +157,48 @@ class OpenAICompatible:
             return Event(chunk, error=f"The provider failed mid-stream: {message or 'error'}")
         output: list[Output] = []
         finish = None
-        for i, choice in enumerate(_list(chunk.get("choices"))):
-            if isinstance(choice, dict):
-                output += self._outputs(choice.get("delta"), i)
-                finish = finish or _finish(choice)
-        tokens = sum(o.tokens for o in output)
-        return Event(chunk, output, tokens, _usage(chunk), finish)
+        choices = chunk.get("choices")
+        if type(choices) is list:
+            for i, choice in enumerate(choices):
+                if type(choice) is dict:
+                    delta = choice.get("delta")
+                    if delta:
+                        output += self._outputs(delta, i)
+                    if finish is None and choice.get("finish_reason") is not None:
+                        finish = FinishReason.of(choice["finish_reason"])
+        usage = chunk.get("usage")
+        tokens = sum(o.tokens for o in output) if output else 0
+        return Event(chunk, output, tokens, _usage(usage) if usage else None, finish)
 
     def _outputs(self, delta: Any, choice: int) -> list[Output]:
         """Every billed piece of one choice's delta (or whole message)."""
-        if not isinstance(delta, dict):
+        if type(delta) is not dict:
             return []
         cpt = self.chars_per_token
-        out = [
-            Output(kind, value, streamed_tokens(value, cpt), choice)
-            for field, kind in TEXT_FIELDS
-            if isinstance(value := delta.get(field), str) and value
-        ]
+        out = []
+        for field, kind in TEXT_FIELDS:
+            value = delta.get(field)
+            if value and type(value) is str:
+                out.append(Output(kind, value, streamed_tokens(value, cpt), choice))
+        if "tool_calls" in delta or "function_call" in delta:
+            out += self._calls(delta, choice)
+        return out
+
+    def _calls(self, delta: dict[str, Any], choice: int) -> list[Output]:
+        """Tool-call and legacy function-call names and arguments."""
         calls = [(c.get("index", j), c.get("function")) for j, c in _dicts(delta.get("tool_calls"))]
         if isinstance(delta.get("function_call"), dict):
             calls.append((None, delta["function_call"]))
+        out = []
         for index, fn in calls:
             if not isinstance(fn, dict):
                 continue
-            for field, kind in (
-                ("name", OutputKind.TOOL_NAME),
-                ("arguments", OutputKind.TOOL_ARGUMENTS),
-            ):
+            call = index if isinstance(index, int) else None
+            for field, kind in CALL_FIELDS:
                 value = fn.get(field)
                 if isinstance(value, str) and value:
-                    call = index if isinstance(index, int) else None
-                    out.append(Output(kind, value, streamed_tokens(value, cpt), choice, call))
+                    tokens = streamed_tokens(value, self.chars_per_token)
+                    out.append(Output(kind, value, tokens, choice, call))
         return out
 
 
@@ -205,8 +218,7 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _usage(chunk: dict[str, Any]) -> Usage | None:
-    usage = chunk.get("usage")
+def _usage(usage: Any) -> Usage | None:
     if not isinstance(usage, dict) or not usage:
         return None
     details = usage.get("completion_tokens_details")

@@ -84,6 +84,7 @@ class ChunkEncoder:
         self.passthrough = passthrough
         self.id = "chatcmpl-hardcap"
         self.created = int(time.time())
+        self._seen_ids = False  # id and created come from the provider's first chunk
 
     def event(self, event: Event) -> bytes | None:
         chunk = event.raw if self.passthrough else self._build(event)
@@ -94,10 +95,12 @@ class ChunkEncoder:
         if not chunk.get("choices"):
             return None  # a usage-only chunk: the client gets the settled usage at the end
         chunk["model"] = self.model
-        if isinstance(chunk.get("id"), str):
-            self.id = chunk["id"]
-        if isinstance(chunk.get("created"), int):
-            self.created = chunk["created"]
+        if not self._seen_ids:
+            self._seen_ids = True
+            if isinstance(chunk.get("id"), str):
+                self.id = chunk["id"]
+            if isinstance(chunk.get("created"), int):
+                self.created = chunk["created"]
         return sse.encode(chunk)
 
     def close(self, *, cut: bool, charged: Charged) -> bytes:
