@@ -124,6 +124,8 @@ class Relay:
         async for read in self._timed_reads():
             self.meter.note_read(sum(event.tokens for event in read))
             for event in read:
+                if self.outcome is not None:
+                    return  # ended from outside (the client left): nothing more goes out
                 ending = await self._check(event)
                 if ending is not None:
                     yield await self.end(ending)

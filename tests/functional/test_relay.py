@@ -1,0 +1,411 @@
+"""A stream's life in the relay, on a real ledger on a real Valkey: however it ends, it ends once.
+
+The provider is a scripted stream (an async context manager yielding reads of events, as a
+:class:`~hardcap_core.providers.base.Provider` does) that counts how often it was opened and
+closed. For each ending the test checks what a user would notice: the outcome, the bytes the
+client got, that the hold went back to the budget and the charge was settled once, and that the
+provider connection was closed once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from hardcap_core.budgets import Dimension, Scope
+from hardcap_core.errors import GatewayError, TooManyRequests, UpstreamFailed, UpstreamTimeout
+from hardcap_core.events import Event, FinishReason, Output, OutputKind, Read, Usage
+from hardcap_core.gateway.meter import Meter, MeterSettings
+from hardcap_core.gateway.relay import Relay
+from hardcap_core.ledger import FREE, Admitted, Ledger, Reservation, Settled
+from hardcap_core.ledger.estimators import MaxTokensEstimator
+from hardcap_core.outcome import Outcome
+from hardcap_core.sse import DONE, SSEParser
+from hardcap_core.wire.openai_chat import OpenAIChat
+from hardcap_core.wire.openai_request import parse_chat_request
+from tests.conftest import TENANT, scope
+
+PUBLIC = "small"
+INPUT_ESTIMATE = 20  # what the gateway estimated of the prompt
+REPORTED = Usage(input_tokens=7, output_tokens=5, raw={"prompt_tokens": 7, "completion_tokens": 5})
+
+
+# -- the provider's stream -----------------------------------------------------------------------
+
+
+def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-up",
+        "object": "chat.completion.chunk",
+        "created": 1_700_000_000,
+        "model": "vendor-model",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+def role() -> Event:
+    return Event(raw=chunk({"role": "assistant"}))
+
+
+def content(text: str, tokens: int = 1) -> Event:
+    return Event(
+        raw=chunk({"content": text}),
+        output=[Output(OutputKind.CONTENT, text, tokens)],
+        tokens=tokens,
+    )
+
+
+def finish() -> Event:
+    return Event(raw=chunk({}, "stop"), finish=FinishReason.STOP)
+
+
+def usage(reported: Usage = REPORTED) -> Event:
+    return Event(raw={**chunk({}), "choices": [], "usage": reported.raw}, usage=reported)
+
+
+def done() -> Event:
+    return Event(done=True)
+
+
+def error(message: str = "overloaded") -> Event:
+    return Event(raw={"error": {"message": message}}, error=f"The provider failed: {message}")
+
+
+class Script:
+    """A provider stream: ``reads`` one by one (an exception in place of a read is raised by
+    that read), then EOF, or (``stall``) a wait that only a deadline ends."""
+
+    def __init__(
+        self,
+        reads: Sequence[Read | BaseException],
+        *,
+        stall: bool = False,
+        fail_on_enter: GatewayError | None = None,
+    ) -> None:
+        self.reads = list(reads)
+        self.stall = stall
+        self.fail_on_enter = fail_on_enter
+        self.entered = 0
+        self.exited = 0
+        self.taken = 0  # reads the relay asked for and got
+        self.stalled = False
+
+    @asynccontextmanager
+    async def stream(self) -> AsyncIterator[AsyncIterator[Read]]:
+        self.entered += 1
+        if self.fail_on_enter is not None:
+            raise self.fail_on_enter
+        reads = self._reads()
+        try:
+            yield reads
+        finally:
+            await reads.aclose()  # as a real provider closes its connection
+            self.exited += 1
+
+    async def _reads(self) -> AsyncGenerator[Read, None]:
+        for read in self.reads:
+            if isinstance(read, BaseException):
+                raise read
+            self.taken += 1
+            yield read
+        if self.stall:
+            self.stalled = True
+            await asyncio.Event().wait()
+
+
+# -- the gateway side ----------------------------------------------------------------------------
+
+
+class CountingLedger(Ledger):
+    """The real ledger, counting the settles it is asked for."""
+
+    settles = 0
+
+    async def settle(
+        self, reservation: Reservation, *, input_tokens: int, output_tokens: int
+    ) -> Settled:
+        self.settles += 1
+        return await super().settle(
+            reservation, input_tokens=input_tokens, output_tokens=output_tokens
+        )
+
+
+class FixedClock:
+    """The meter's clock stands still: its in-flight estimate depends only on the reads."""
+
+    def __call__(self) -> float:
+        return 1000.0
+
+
+class Stream:
+    """A relay on a fresh reservation, and the client's view of it."""
+
+    def __init__(self, relay: Relay, ledger: CountingLedger, scope: Scope, script: Script) -> None:
+        self.relay = relay
+        self.ledger = ledger
+        self.scope = scope
+        self.script = script
+        self.received = b""
+
+    @property
+    def meter(self) -> Meter:
+        return self.relay.meter
+
+    async def run(self) -> None:
+        """Open and read to the end, as the gateway and the client do."""
+        await self.relay.open()
+        async for data in self.relay.chunks():
+            self.received += data
+
+    def sent(self) -> list[str]:
+        """What the client got, event by event: content text, finish, usage, error, [DONE]."""
+        parser = SSEParser()
+        out = []
+        for data in [*parser.feed(self.received), *parser.flush()]:
+            if data == DONE:
+                out.append(DONE)
+                continue
+            event = json.loads(data)
+            if "error" in event:
+                out.append("error")
+            elif event.get("usage"):
+                out.append("usage")
+            else:
+                (choice,) = event["choices"]
+                if choice["delta"].get("content"):
+                    out.append(choice["delta"]["content"])
+                if choice["finish_reason"]:
+                    out.append(f"finish:{choice['finish_reason']}")
+        return out
+
+    def usage_sent(self) -> dict[str, Any]:
+        parser = SSEParser()
+        for data in [*parser.feed(self.received), *parser.flush()]:
+            if data != DONE and json.loads(data).get("usage"):
+                found: dict[str, Any] = json.loads(data)["usage"]
+                return found
+        raise AssertionError("no usage chunk")
+
+    async def check_ended_once(self, outcome: Outcome) -> None:
+        """The stream ended with ``outcome``, settled once, the provider closed once; the
+        budget holds nothing for it any more and was charged what the meter says."""
+        assert self.relay.outcome is outcome and self.meter.outcome is outcome
+        assert await self.relay.end(Outcome.COMPLETED) == b""  # a second end: nothing
+        assert self.relay.outcome is outcome
+        assert self.ledger.settles == 1
+        if self.script.entered and self.script.fail_on_enter is None:
+            assert self.script.exited == 1
+        else:
+            assert self.script.exited == 0
+        rows = {r.budget.dimension: r for r in (await self.ledger.usage(self.scope)).rows}
+        assert all(r.reserved == 0 for r in rows.values())
+        assert rows[Dimension.INPUT_TOKENS].used == self.meter.charged_input
+        assert rows[Dimension.OUTPUT_TOKENS].used == self.meter.charged_output
+
+    def forwarded(self) -> int:
+        """Content tokens the client got (one per content event in these scripts)."""
+        return sum(1 for e in self.sent() if e not in (DONE, "usage", "error", "finish:stop"))
+
+
+async def stream(
+    client: Any,
+    script: Script,
+    *,
+    budget: int = 1000,
+    reserve: int = 100,
+    include_usage: bool = True,
+    deadline: float | None = None,
+) -> Stream:
+    ledger = CountingLedger(client)
+    s = scope(
+        (TENANT, Dimension.INPUT_TOKENS, 1000, "day"),
+        (TENANT, Dimension.OUTPUT_TOKENS, budget, "day"),
+        levels=(TENANT,),
+    )
+    admitted = await ledger.admit(s, input_tokens=INPUT_ESTIMATE, output_estimate=reserve)
+    assert isinstance(admitted, Admitted)
+    meter = Meter(
+        ledger,
+        s,
+        admitted.reservation,
+        MeterSettings(),
+        input_estimate=INPUT_ESTIMATE,
+        estimator=MaxTokensEstimator(),
+        route=PUBLIC,
+        prices=FREE,
+        clock=FixedClock(),
+    )
+    body = {
+        "model": PUBLIC,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": include_usage},
+    }
+    request = parse_chat_request(json.dumps(body).encode())
+    encoder = OpenAIChat().encoder(request, model=PUBLIC, same_dialect=True)
+    relay = Relay(script.stream(), meter, encoder, deadline=deadline)
+    return Stream(relay, ledger, s, script)
+
+
+def words(n: int) -> list[Read]:
+    return [[content(f"w{i} ")] for i in range(n)]
+
+
+# -- completed -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        [[usage(), done()]],  # the usage chunk and [DONE] in one read
+        [[usage()], [done()], [content("after done")]],  # nothing after [DONE] goes out
+        [[usage()]],  # the provider closes without [DONE]
+    ],
+    ids=["done", "done-then-more", "eof"],
+)
+async def test_a_stream_the_provider_finishes_is_charged_its_report(
+    standalone_client: Any, tail: list[Read]
+) -> None:
+    script = Script([[role()], *words(3), [finish()], *tail])
+    s = await stream(standalone_client, script)
+    await s.run()
+    assert s.sent() == ["w0 ", "w1 ", "w2 ", "finish:stop", "usage", DONE]
+    await s.check_ended_once(Outcome.COMPLETED)
+    assert (s.meter.charged_input, s.meter.charged_output) == (7, 5)
+    assert s.usage_sent() == {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
+
+
+async def test_a_stream_without_a_usage_report_is_charged_what_went_out(
+    standalone_client: Any,
+) -> None:
+    s = await stream(standalone_client, Script([[role()], *words(4), [finish()]]))
+    await s.run()
+    assert s.sent()[-3:] == ["finish:stop", "usage", DONE]
+    await s.check_ended_once(Outcome.COMPLETED)
+    assert (s.meter.charged_input, s.meter.charged_output) == (INPUT_ESTIMATE, 4)
+    assert s.usage_sent()["completion_tokens"] == 4
+
+
+async def test_a_client_that_did_not_ask_for_usage_gets_none(standalone_client: Any) -> None:
+    script = Script([[role()], *words(2), [finish(), usage(), done()]])
+    s = await stream(standalone_client, script, include_usage=False)
+    await s.run()
+    assert s.sent() == ["w0 ", "w1 ", "finish:stop", DONE]
+    await s.check_ended_once(Outcome.COMPLETED)
+    assert s.meter.charged_output == 5
+
+
+# -- cut by the gateway ----------------------------------------------------------------------------
+
+
+async def test_a_stream_the_budget_cannot_cover_ends_with_length(standalone_client: Any) -> None:
+    script = Script([[role()], *words(50), [finish(), usage(), done()]])
+    s = await stream(standalone_client, script, budget=20, reserve=20)
+    await s.run()
+    sent = s.sent()
+    assert sent[-3:] == ["finish:length", "usage", DONE]
+    assert "finish:stop" not in sent
+    forwarded = s.forwarded()
+    assert 0 < forwarded < 20
+    assert script.taken < len(script.reads)  # the relay stopped reading: the provider closed
+    await s.check_ended_once(Outcome.TRUNCATED)
+    # The estimate of what the provider generated: at least what went out, within the budget.
+    assert forwarded <= s.meter.charged_output <= 20
+    assert s.meter.charged_input == INPUT_ESTIMATE
+    assert s.usage_sent()["completion_tokens"] == s.meter.charged_output
+
+
+async def test_a_deadline_already_passed_ends_the_stream_with_length(
+    standalone_client: Any,
+) -> None:
+    script = Script([*words(5), [finish(), usage(), done()]])
+    deadline = asyncio.get_running_loop().time() - 1
+    s = await stream(standalone_client, script, deadline=deadline)
+    await s.run()
+    assert s.sent() == ["finish:length", "usage", DONE]
+    await s.check_ended_once(Outcome.DEADLINE)
+    assert s.meter.charged_output >= 1  # the read in hand was generated, though not forwarded
+
+
+async def test_a_deadline_that_comes_while_the_provider_stalls_ends_with_length(
+    standalone_client: Any,
+) -> None:
+    script = Script(words(2), stall=True)
+    deadline = asyncio.get_running_loop().time() + 0.1
+    s = await stream(standalone_client, script, deadline=deadline)
+    await s.run()
+    assert script.stalled
+    assert s.sent() == ["w0 ", "w1 ", "finish:length", "usage", DONE]
+    await s.check_ended_once(Outcome.DEADLINE)
+    assert s.meter.charged_output >= 2
+
+
+@pytest.mark.parametrize("order", ["close-then-end", "end-then-read"])
+async def test_a_client_that_leaves_gets_nothing_more(standalone_client: Any, order: str) -> None:
+    # Several events per read: the relay must not go on forwarding the rest of a read.
+    reads: list[Read] = [[role()], *[[content(f"a{i} "), content(f"b{i} ")] for i in range(20)]]
+    script = Script(reads)
+    s = await stream(standalone_client, script)
+    await s.relay.open()
+    chunks = s.relay.chunks()
+    for _ in range(2):  # the role chunk and a0: the relay is in the middle of a read
+        s.received += await anext(chunks)
+    if order == "close-then-end":  # as the ASGI response does when the client disconnects
+        await chunks.aclose()
+        assert await s.relay.end(Outcome.CLIENT_GONE) == b""
+    else:
+        assert await s.relay.end(Outcome.CLIENT_GONE) == b""
+        after = b"".join([data async for data in chunks])
+        assert after == b""
+    assert s.sent() == ["a0 "]  # no b0, and no closing events
+    await s.check_ended_once(Outcome.CLIENT_GONE)
+    assert s.meter.charged_output >= 2  # b0 was in hand: generated, though not forwarded
+    assert s.meter.charged_input == INPUT_ESTIMATE
+
+
+# -- failed by the provider ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [[error()], UpstreamFailed("The provider connection failed mid-stream.")],
+    ids=["error-event", "connection-lost"],
+)
+async def test_a_provider_that_fails_mid_stream_ends_with_an_error_event(
+    standalone_client: Any, failure: Read | BaseException
+) -> None:
+    script = Script([[role()], *words(3), failure, *words(3)])
+    s = await stream(standalone_client, script)
+    await s.run()
+    assert s.sent() == ["w0 ", "w1 ", "w2 ", "error"]  # no [DONE]: the reply is not complete
+    await s.check_ended_once(Outcome.UPSTREAM_ERROR)
+    assert s.meter.charged_output >= 3
+    assert s.meter.charged_input == INPUT_ESTIMATE
+
+
+@pytest.mark.parametrize(
+    ("script", "raised"),
+    [
+        (Script([], fail_on_enter=TooManyRequests("busy")), TooManyRequests),
+        (Script([], fail_on_enter=UpstreamFailed("answered 500")), UpstreamFailed),
+        (Script([], fail_on_enter=UpstreamTimeout("no answer")), UpstreamTimeout),
+        (Script([UpstreamTimeout("no first byte")]), UpstreamTimeout),
+        (Script([[error("refused")]]), UpstreamFailed),
+    ],
+    ids=["429-on-open", "500-on-open", "timeout-on-open", "first-read-fails", "first-event-error"],
+)
+async def test_a_provider_that_fails_before_any_output_costs_nothing(
+    standalone_client: Any, script: Script, raised: type[GatewayError]
+) -> None:
+    s = await stream(standalone_client, script)
+    with pytest.raises(raised):
+        await s.relay.open()
+    assert script.entered == 1
+    assert [data async for data in s.relay.chunks()] == []
+    await s.check_ended_once(Outcome.UPSTREAM_UNAVAILABLE)
+    assert (s.meter.charged_input, s.meter.charged_output) == (0, 0)
