@@ -26,7 +26,11 @@ export PYTHONPATH="$task_root:${PYTHONPATH:-}:/opt/python:${LAMBDA_RUNTIME_DIR:-
 # --no-access-log: the app logs one JSON line per request; a second line only costs ingestion.
 # --lifespan on: a config or startup error stops the process, so the failure is visible in the
 #   init logs instead of as a gateway answering 500s.
+# uvloop and httptools (both in infra/requirements-lambda.txt), named rather than left to uvicorn's
+#   "auto", so a missing wheel stops the start instead of silently falling back to asyncio and h11:
+#   a worker needs 6.9 ms of CPU per request instead of 9.3 (bench/results/overhead.json), for
+#   about 25 ms more cold start out of 700 (bench/results/coldstart-server.json; docs/deploy.md).
 exec python -m uvicorn --factory hardcap_core.gateway.app:app_from_env \
     --host 127.0.0.1 --port "${AWS_LWA_PORT:-8080}" \
-    --http h11 --loop asyncio --lifespan on \
+    --loop uvloop --http httptools --lifespan on \
     --timeout-keep-alive 75 --no-access-log --no-server-header --log-level warning

@@ -206,7 +206,7 @@ def test_reader_finds_the_known_reads() -> None:
     reads = code_env_reads("GatewayFunction")
     for name in ENV_CONSTANTS.values():
         assert name in reads, f"{name} (hardcap_core/env.py) is not found read anywhere"
-    assert "POWERTOOLS_PARAMETERS_MAX_AGE" in reads  # hardcap_core/config/secrets.py, via a constant
+    assert "POWERTOOLS_PARAMETERS_MAX_AGE" in reads  # config/secrets.py, via a constant
     assert "AWS_LWA_PORT" in reads  # run.sh
 
 
@@ -296,6 +296,21 @@ def lock_pins() -> dict[str, str]:
     text = (ROOT / "infra" / "requirements-lambda.txt").read_text()
     pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==([^\s\\]+)", text, re.MULTILINE))
     return {re.sub(r"[-_.]+", "-", k).lower(): v for k, v in pins.items()}
+
+
+def test_run_sh_uses_the_event_loop_and_parser_the_lock_ships() -> None:
+    """A fast loop or parser in the lock is named in run.sh, and run.sh names none the lock
+    lacks: shipped and unused is dead weight, named and missing fails every start."""
+    script = (ROOT / "functions" / "gateway" / "run.sh").read_text()
+    command = script.split("\nexec ", 1)[1]  # the uvicorn command line; comments are above it
+    options = dict(re.findall(r"--(loop|http) (\S+)", command))
+    pins = lock_pins()
+    for option, package in {"loop": "uvloop", "http": "httptools"}.items():
+        named = options.get(option) == package
+        assert named == (package in pins), (
+            f"run.sh: --{option} {options.get(option)}, and the lock "
+            f"{'pins' if package in pins else 'lacks'} {package}"
+        )
 
 
 # ------------------------------------------------------------------ the real SAM CLI
