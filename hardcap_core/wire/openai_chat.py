@@ -90,8 +90,8 @@ class ChunkEncoder:
         chunk = event.raw if self.passthrough else self._build(event)
         if chunk is None:
             return None
-        if not self.include_usage:
-            chunk.pop("usage", None)
+        # Usage goes out once, settled, in the closing usage chunk (if the client asked).
+        chunk.pop("usage", None)
         if not chunk.get("choices"):
             return None  # a usage-only chunk: the client gets the settled usage at the end
         chunk["model"] = self.model
@@ -111,16 +111,11 @@ class ChunkEncoder:
             usage: dict[str, Any] = {}
             if charged.provider_usage is not None and charged.provider_usage.raw is not None:
                 usage = dict(charged.provider_usage.raw)
-            # A count the provider left out or sent as null is the charge.
-            counts = (
-                ("prompt_tokens", charged.input_tokens),
-                ("completion_tokens", charged.output_tokens),
-            )
-            for key, count in counts:
-                if type(usage.get(key)) is not int:
-                    usage[key] = count
-            if type(usage.get("total_tokens")) is not int:
-                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+            # The counts are what the ledger charged (the provider's report when it made one
+            # the gateway believes); the provider's details ride along.
+            usage["prompt_tokens"] = charged.input_tokens
+            usage["completion_tokens"] = charged.output_tokens
+            usage["total_tokens"] = charged.input_tokens + charged.output_tokens
             out += sse.encode({**self._chunk([]), "usage": usage})
         return out + sse.encode(sse.DONE)
 
@@ -153,7 +148,10 @@ class ChunkEncoder:
             delta["tool_calls"] = list(calls.values())
         if not delta and event.finish is None:
             return None
-        choice = {"index": 0, "delta": delta, "finish_reason": event.finish}
+        finish = event.finish
+        if finish is FinishReason.OTHER:
+            finish = FinishReason.STOP  # OpenAI's SDKs accept only their own reasons
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
         return self._chunk([choice])
 
 

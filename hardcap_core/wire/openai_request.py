@@ -56,7 +56,8 @@ def parse_chat_request(raw: bytes, *, chars_per_token: float = 4.0) -> ChatReque
         raise InvalidRequest("'tools' must be an array.", param="tools")
 
     field, max_tokens = "max_tokens", None
-    for name in ("max_completion_tokens", "max_tokens"):
+    # Both are checked; max_completion_tokens (OpenAI's current name) wins when both are sent.
+    for name in ("max_tokens", "max_completion_tokens"):
         value = body.get(name)
         if value is None:
             continue
@@ -65,7 +66,6 @@ def parse_chat_request(raw: bytes, *, chars_per_token: float = 4.0) -> ChatReque
         if value < 1:
             raise InvalidRequest(f"'{name}' must be at least 1, got {value}.", param=name)
         field, max_tokens = name, value
-        break
 
     return ChatRequest(
         body=body,

@@ -77,6 +77,8 @@ def parse(data: dict[str, Any] | bytes) -> Any:
         ({"max_completion_tokens": False}, "max_completion_tokens"),
         ({"max_completion_tokens": 0}, "max_completion_tokens"),
         ({"max_completion_tokens": 0, "max_tokens": 10}, "max_completion_tokens"),
+        # The field that loses is still checked: it would otherwise reach the provider.
+        ({"max_completion_tokens": 10, "max_tokens": "x"}, "max_tokens"),
     ],
 )
 def test_an_invalid_field_is_a_400_naming_it(fields: dict[str, Any], param: str) -> None:

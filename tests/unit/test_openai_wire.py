@@ -94,10 +94,16 @@ def test_a_usage_only_chunk_is_held_back(include_usage: bool) -> None:
     assert encoder.event(Event(raw=None)) is None
 
 
-def test_usage_on_a_chunk_with_choices_is_dropped_unless_the_client_asked() -> None:
-    sent = one(passthrough().event(Event(raw=chunk(usage=USAGE))))
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_usage_on_a_chunk_with_choices_goes_out_only_once_settled(include_usage: bool) -> None:
+    """Some providers put usage on the last chunk with choices; the client that asked for it
+    gets it once, in the closing usage chunk, not twice."""
+    encoder = passthrough(include_usage=include_usage)
+    sent = one(encoder.event(Event(raw=chunk(usage=USAGE))))
     assert "usage" not in sent
     assert sent["choices"][0]["delta"] == {"content": "Hi"}
+    closing = events(encoder.close(cut=False, charged=Charged(9, 3, Usage(9, 3, raw=USAGE))))
+    assert [e["usage"] for e in closing[:-1]] == [USAGE] * include_usage
 
 
 def test_the_closing_chunk_has_the_providers_id_and_created() -> None:
@@ -188,6 +194,18 @@ def test_a_provider_report_with_missing_counts_is_completed_by_the_charge() -> N
     assert usage == {"prompt_tokens": 40, "completion_tokens": 3, "total_tokens": 43}
 
 
+def test_the_usage_chunk_shows_the_charge_where_the_gateway_did_not_believe_the_report() -> None:
+    # A provider reporting 0 output tokens after tokens were forwarded is charged what went out.
+    raw = {"prompt_tokens": 9, "completion_tokens": 0, "completion_tokens_details": {"x": 1}}
+    usage = close_usage(Charged(9, 25, Usage(9, 0, raw=raw)))
+    assert usage == {
+        "prompt_tokens": 9,
+        "completion_tokens": 25,
+        "total_tokens": 34,
+        "completion_tokens_details": {"x": 1},
+    }
+
+
 def test_the_provider_report_is_not_changed_in_place() -> None:
     raw = {"prompt_tokens": 9, "completion_tokens": 3}
     close_usage(Charged(9, 3, Usage(9, 3, raw=raw)))
@@ -262,6 +280,12 @@ def test_a_built_chunk_puts_each_kind_in_its_delta_field(
 def test_a_built_chunk_carries_the_finish_reason(finish: FinishReason) -> None:
     sent = one(built().event(Event(finish=finish)))
     assert sent["choices"] == [{"index": 0, "delta": {}, "finish_reason": finish.value}]
+    valid_chunk(sent)
+
+
+def test_a_finish_reason_openai_has_no_name_for_is_stop() -> None:
+    sent = one(built().event(Event(finish=FinishReason.OTHER)))
+    assert sent["choices"][0]["finish_reason"] == "stop"
     valid_chunk(sent)
 
 
