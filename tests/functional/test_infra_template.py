@@ -317,14 +317,38 @@ def test_run_sh_uses_the_event_loop_and_parser_the_lock_ships() -> None:
 
 
 def sam_cli() -> str:
-    """The `sam` executable; CI must have it (see infra/requirements-tools.txt)."""
+    """The `sam` executable. Without it the test fails under `make test` (which installs it and
+    sets HARDCAP_REQUIRE_SAM=1) and in CI, so neither can skip it silently; elsewhere, skips."""
     found = shutil.which("sam")
     if found is None:
-        message = "SAM CLI not on PATH: pip install -r infra/requirements-tools.txt"
-        if os.environ.get("CI"):
+        message = "SAM CLI not on PATH: `make test` installs it (infra/requirements-tools.txt)"
+        if os.environ.get("HARDCAP_REQUIRE_SAM") == "1" or os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
     return found
+
+
+def test_a_missing_sam_cli_fails_where_it_is_required(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sam there
+    monkeypatch.setenv("HARDCAP_REQUIRE_SAM", "1")
+    with pytest.raises(BaseException) as outcome:  # noqa: PT011 - a skip must count as wrong
+        sam_cli()
+    assert isinstance(outcome.value, pytest.fail.Exception), "skipped instead of failed"
+
+
+def test_make_test_installs_the_sam_cli_and_requires_it(tmp_path: Path) -> None:
+    """`make test` (the README's command, and CI's) gives pytest the SAM CLI it installed."""
+    sam_venv = tmp_path / "sam"
+    plan = subprocess.run(
+        ["make", "-n", "-B", "test", f"SAM_VENV={sam_venv}"], cwd=ROOT, capture_output=True,
+        text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert f"{sam_venv}/bin/python -m pip install --quiet -r infra/requirements-tools.txt" in plan
+    (pytest_line,) = [line for line in plan.splitlines() if "-m pytest" in line]
+    assert f":{sam_venv}/bin" in pytest_line
+    assert "HARDCAP_REQUIRE_SAM=1" in pytest_line
 
 
 def sam_env(app_dir: Path) -> dict[str, str]:
