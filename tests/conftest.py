@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from hardcap_core.budgets import Budget, Dimension, Level, LevelKind, RateLimit, Scope, Window
-from hardcap_core.ledger.client import Ledger
+from hardcap_core.ledger import Ledger
 from hardcap_core.ledger.connection import connect
 from hardcap_core.local.valkey import LocalCluster, LocalValkey
 
