@@ -11,27 +11,10 @@ import openai
 import pytest
 import redis
 
-from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.valkey import LocalValkey, free_port
 from tests.stack import KEYS, Mock, config_data, gateway_thread
 
 HI = [{"role": "user", "content": "hello"}]
-
-
-@pytest.fixture(scope="module")
-def mock() -> Iterator[Mock]:
-    m = Mock(MockSettings(pace_ms=0.5, seed=5))
-    yield m
-    m.stop()
-
-
-@pytest.fixture
-def base(valkey: LocalValkey, mock: Mock) -> Iterator[str]:
-    with redis.Redis.from_url(valkey.url) as r:
-        r.flushall()
-    mock.reset()
-    with gateway_thread(config_data(mock.url, valkey.url)) as url:
-        yield url
 
 
 @pytest.fixture

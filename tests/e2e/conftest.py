@@ -1,0 +1,30 @@
+"""Fixtures of the end-to-end tests: the mock upstream and a gateway on a flushed Valkey."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from hardcap_core.local.mock_upstream import MockSettings
+from hardcap_core.local.valkey import LocalValkey
+from tests.stack import Mock, config_data, gateway_thread
+
+
+@pytest.fixture(scope="module")
+def mock() -> Iterator[Mock]:
+    """The mock upstream, fast and seeded, shared by a module's tests."""
+    m = Mock(MockSettings(pace_ms=0.5, seed=5))
+    yield m
+    m.stop()
+
+
+@pytest.fixture
+def base(valkey: LocalValkey, mock: Mock) -> Iterator[str]:
+    """The /v1 URL of a gateway with the test config, on a flushed Valkey and a reset mock."""
+    with redis.Redis.from_url(valkey.url) as r:
+        r.flushall()
+    mock.reset()
+    with gateway_thread(config_data(mock.url, valkey.url)) as url:
+        yield url
