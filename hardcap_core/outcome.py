@@ -16,6 +16,7 @@ class Outcome(StrEnum):
     DEADLINE = "deadline"  # Lambda's timeout came near: ended early, settled in time
     CLIENT_GONE = "client_gone"  # the client disconnected: the provider was closed
     UPSTREAM_ERROR = "upstream_error"  # the provider failed after the response began
+    INCOMPLETE = "incomplete"  # the provider's stream ended without saying it was complete
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"  # it refused or could not be reached
     GATEWAY_ERROR = "gateway_error"  # a bug in the gateway ended the stream (logged)
 

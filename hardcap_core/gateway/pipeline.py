@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hardcap_core.auth import bearer_token
-from hardcap_core.budgets import NANO_USD_PER_USD, Dimension
+from hardcap_core.budgets import NANO_USD_PER_USD, Dimension, Prices
 from hardcap_core.chat import ChatRequest
 from hardcap_core.config import Config, Policy, Principal, Route
 from hardcap_core.errors import (
@@ -63,6 +63,7 @@ T = TypeVar("T")
 class Admission:
     meter: Meter
     headers: dict[str, str]
+    output_room: int | None = None  # output tokens the budgets held for this request, at most
 
 
 class Gateway:
@@ -79,6 +80,7 @@ class Gateway:
             guard=g.truncate_guard_tokens,
             guard_s=g.truncate_guard_ms / 1000,
             heartbeat_s=g.reservation_ttl_seconds / 3,
+            ttl_s=g.reservation_ttl_seconds,
         )
 
     def _estimator(self, route: Route) -> Estimator:
@@ -125,8 +127,12 @@ class Gateway:
         if not chat.stream:
             return await self._complete(route, chat, admission, max_tokens, wire)
         same = self.provider.dialect == wire.dialect
+        # Defence in depth: the provider is asked for no more than the budgets had left, so
+        # even output the meter failed to count cannot take the stream past them.
+        room = admission.output_room
+        upstream_cap = max_tokens if room is None else min(max_tokens, room)
         relay = Relay(
-            self.provider.stream(route, chat, max_tokens),
+            self.provider.stream(route, chat, upstream_cap),
             admission.meter,
             wire.encoder(chat, model=route.name, same_dialect=same),
             deadline=_deadline(request),
@@ -224,6 +230,7 @@ class Gateway:
         if isinstance(result, Refused):
             raise _refusal(result, wire)
         reservation = None
+        room = None
         if isinstance(result, Unguarded):
             logger.warning(
                 "budget server unreachable; tenant fails open",
@@ -234,6 +241,8 @@ class Gateway:
             assert isinstance(result, Admitted)
             reservation = result.reservation
             headers = wire.budget_headers(result.budgets, result.rates, result.server_time_ms)
+            if policy.cuts:
+                room = output_room(result, route.prices)
         meter = Meter(
             self.ledger,
             principal.scope,
@@ -244,8 +253,9 @@ class Gateway:
             route=route.name,
             prices=route.prices,
             meta=meta,
+            cap=max_tokens,
         )
-        return Admission(meter, headers)
+        return Admission(meter, headers, room)
 
     async def _complete(
         self,
@@ -285,6 +295,26 @@ class Gateway:
             raise ServiceUnavailable(
                 "The budget server is unreachable, and this tenant fails closed. Retry shortly."
             ) from e
+
+
+def output_room(admitted: Admitted, prices: Prices) -> int | None:
+    """The most output tokens the budgets could still give this request: its reservation
+    plus what the tightest budget counting output had left after it (None: no budget counts
+    output)."""
+    held = admitted.reservation.output_reserved
+    room: int | None = None
+    for state in admitted.budgets:
+        dimension = state.budget.dimension
+        if dimension is Dimension.INPUT_TOKENS:
+            continue
+        left = max(state.remaining, 0)
+        if dimension is Dimension.COST_USD:
+            price = prices.output_nusd
+            if price <= 0:
+                continue
+            left //= price
+        room = left if room is None else min(room, left)
+    return None if room is None else held + room
 
 
 def _usage_row(row: UsageRow) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from hardcap_core.wire.base import Charged, StreamEncoder
 # The client gets the stream's closing events for these endings; for the others it is gone,
 # or it gets an error event instead.
 CLOSED_CLEANLY = frozenset({Outcome.COMPLETED, Outcome.TRUNCATED, Outcome.DEADLINE})
+INCOMPLETE_MESSAGE = "The provider's stream ended before the reply was complete."
 
 
 class Relay:
@@ -51,6 +52,8 @@ class Relay:
         self._usage: Usage | None = None
         self._text: list[str] | None = [] if log_completion else None
         self._timed_out = False  # the deadline came while waiting for the provider
+        self._finished = False  # the provider gave a finish reason
+        self._keep_alive: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
         """Connect to the provider and read up to the first bytes for the client.
@@ -61,6 +64,8 @@ class Relay:
         """
         try:
             self._reads = await self._opened.__aenter__()
+            # The hold is refreshed on a timer while the stream lives, tokens or not.
+            self._keep_alive = asyncio.create_task(self.meter.keep_alive())
             self._run_gen = self._run()
             first = await anext(self._run_gen, None)
             if first is not None:
@@ -101,6 +106,7 @@ class Relay:
             return b""
         self.outcome = outcome
         with anyio.CancelScope(shield=True):
+            await self._stop_keep_alive()
             await self._close_upstream()
             await self.meter.settle(outcome, self._usage)
         if self._text is not None:
@@ -111,6 +117,12 @@ class Relay:
         usage = self._usage if outcome is Outcome.COMPLETED else None
         charged = Charged(meter.charged_input, meter.charged_output, usage)
         return self.encoder.close(cut=outcome.cut, charged=charged)
+
+    async def _stop_keep_alive(self) -> None:
+        task, self._keep_alive = self._keep_alive, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _close_upstream(self) -> None:
         """The one place the provider connection is closed."""
@@ -134,7 +146,15 @@ class Relay:
                 if data:
                     yield data
         # The provider closed the stream, or the deadline came while waiting for it.
-        yield await self.end(Outcome.DEADLINE if self._timed_out else Outcome.COMPLETED)
+        if self._timed_out:
+            yield await self.end(Outcome.DEADLINE)
+        elif self._finished:
+            # No [DONE], but it said why it stopped: complete (some servers omit [DONE]).
+            yield await self.end(Outcome.COMPLETED)
+        else:
+            # Cut off without a finish reason: the client must not take it for a whole reply.
+            await self.end(Outcome.INCOMPLETE)
+            yield self.encoder.error(UpstreamFailed(INCOMPLETE_MESSAGE))
 
     async def _check(self, event: Event) -> Outcome | None:
         """How the stream ends at ``event``, or None to forward it."""
@@ -142,11 +162,15 @@ class Relay:
             raise UpstreamFailed(event.error)
         if event.usage is not None:
             self._usage = event.usage
+        if event.finish is not None:
+            self._finished = True
         if event.done:
             return Outcome.COMPLETED
         if self._past_deadline():
             return Outcome.DEADLINE
-        if event.tokens and not await self.meter.make_room(event.tokens):
+        if event.tokens and not await self.meter.make_room(
+            event.tokens, at_least=len(event.output)
+        ):
             return Outcome.TRUNCATED
         if self._text is not None:
             self._text += [o.text for o in event.output if o.kind is OutputKind.CONTENT]

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -76,13 +77,18 @@ def error(message: str = "overloaded") -> Event:
     return Event(raw={"error": {"message": message}}, error=f"The provider failed: {message}")
 
 
+Step = Read | BaseException | float | Callable[[], Awaitable[None]]
+
+
 class Script:
     """A provider stream: ``reads`` one by one (an exception in place of a read is raised by
-    that read), then EOF, or (``stall``) a wait that only a deadline ends."""
+    that read; a number is a silence of that many seconds; a callable runs there, as a fault
+    elsewhere would happen meanwhile), then EOF, or (``stall``) a wait that only a deadline
+    ends."""
 
     def __init__(
         self,
-        reads: Sequence[Read | BaseException],
+        reads: Sequence[Step],
         *,
         stall: bool = False,
         fail_on_enter: GatewayError | None = None,
@@ -111,6 +117,12 @@ class Script:
         for read in self.reads:
             if isinstance(read, BaseException):
                 raise read
+            if isinstance(read, float):
+                await asyncio.sleep(read)
+                continue
+            if callable(read):
+                await read()
+                continue
             self.taken += 1
             yield read
         if self.stall:
@@ -220,8 +232,12 @@ async def stream(
     reserve: int = 100,
     include_usage: bool = True,
     deadline: float | None = None,
+    cap: int | None = None,
+    ttl_s: float | None = None,
 ) -> Stream:
-    ledger = CountingLedger(client)
+    """A relay on a fresh reservation. ``ttl_s``: a short-lived hold, refreshed every third of
+    it on the real clock (otherwise the meter's clock stands still)."""
+    ledger = CountingLedger(client, reservation_ttl_s=ttl_s or 120.0)
     s = scope(
         (TENANT, Dimension.INPUT_TOKENS, 1000, "day"),
         (TENANT, Dimension.OUTPUT_TOKENS, budget, "day"),
@@ -229,16 +245,18 @@ async def stream(
     )
     admitted = await ledger.admit(s, input_tokens=INPUT_ESTIMATE, output_estimate=reserve)
     assert isinstance(admitted, Admitted)
+    settings = MeterSettings(heartbeat_s=ttl_s / 3, ttl_s=ttl_s) if ttl_s else MeterSettings()
     meter = Meter(
         ledger,
         s,
         admitted.reservation,
-        MeterSettings(),
+        settings,
         input_estimate=INPUT_ESTIMATE,
         estimator=MaxTokensEstimator(),
         route=PUBLIC,
         prices=FREE,
-        clock=FixedClock(),
+        cap=cap,
+        clock=time.monotonic if ttl_s else FixedClock(),
     )
     body = {
         "model": PUBLIC,
@@ -250,6 +268,10 @@ async def stream(
     encoder = OpenAIChat().encoder(request, model=PUBLIC, same_dialect=True)
     relay = Relay(script.stream(), meter, encoder, deadline=deadline)
     return Stream(relay, ledger, s, script)
+
+
+def words_sent(s: Stream) -> list[str]:
+    return [e for e in s.sent() if e.startswith(("w", "reservation"))]
 
 
 def words(n: int) -> list[Read]:
@@ -264,7 +286,7 @@ def words(n: int) -> list[Read]:
     [
         [[usage(), done()]],  # the usage chunk and [DONE] in one read
         [[usage()], [done()], [content("after done")]],  # nothing after [DONE] goes out
-        [[usage()]],  # the provider closes without [DONE]
+        [[usage()]],  # the provider closes without [DONE], after its finish reason
     ],
     ids=["done", "done-then-more", "eof"],
 )
@@ -409,3 +431,75 @@ async def test_a_provider_that_fails_before_any_output_costs_nothing(
     assert [data async for data in s.relay.chunks()] == []
     await s.check_ended_once(Outcome.UPSTREAM_UNAVAILABLE)
     assert (s.meter.charged_input, s.meter.charged_output) == (0, 0)
+
+
+# -- ended without a word from the provider ------------------------------------------------------
+
+
+@pytest.mark.parametrize("tail", [[], [[usage()]]], ids=["bare-eof", "usage-then-eof"])
+async def test_a_stream_cut_off_without_a_finish_reason_is_not_a_whole_reply(
+    standalone_client: Any, tail: list[Read]
+) -> None:
+    """It used to end with [DONE] and no finish reason, as if complete, and fed the estimator."""
+    s = await stream(standalone_client, Script([[role()], *words(3), *tail]))
+    await s.run()
+    assert s.sent() == ["w0 ", "w1 ", "w2 ", "error"]  # no [DONE]
+    await s.check_ended_once(Outcome.INCOMPLETE)
+    assert s.meter.charged_output >= 3
+
+
+# -- the cap and the hold, whatever the provider does ----------------------------------------------
+
+
+async def test_a_provider_that_ignores_the_cap_is_cut_at_it(standalone_client: Any) -> None:
+    script = Script([[role()], *words(40), [finish(), usage(), done()]])
+    s = await stream(standalone_client, script, budget=1000, reserve=100, cap=12)
+    await s.run()
+    assert len(words_sent(s)) == 12
+    assert s.sent()[-3:] == ["finish:length", "usage", DONE]
+    await s.check_ended_once(Outcome.TRUNCATED)
+
+
+async def test_a_provider_that_obeys_the_cap_is_not_cut(standalone_client: Any) -> None:
+    # Twelve pieces of more than one token each (long words): counted high, never cut early.
+    long_words = [[content(f"reservation{i} ", tokens=4)] for i in range(12)]
+    script = Script([[role()], *long_words, [finish(), usage(), done()]])
+    s = await stream(standalone_client, script, budget=1000, reserve=100, cap=12)
+    await s.run()
+    assert s.sent()[-3:] == ["finish:stop", "usage", DONE]
+    await s.check_ended_once(Outcome.COMPLETED)
+
+
+async def test_a_silent_provider_keeps_its_hold_past_the_ttl(standalone_client: Any) -> None:
+    """The hold was refreshed only when tokens flowed: a provider thinking silently for longer
+    than the TTL lost it, and another request could spend it."""
+    observed: list[int] = []
+    s: Stream
+
+    async def look() -> None:
+        rows = (await s.ledger.usage(s.scope)).rows
+        observed.append(sum(r.reserved for r in rows))
+
+    script = Script([[role()], 1.0, look, 1.0, look, *words(2), [finish(), usage(), done()]])
+    s = await stream(standalone_client, script, reserve=100, ttl_s=0.6)
+    await s.run()
+    assert observed == [INPUT_ESTIMATE + 100] * 2  # still held after more than three TTLs
+    await s.check_ended_once(Outcome.COMPLETED)
+
+
+async def test_a_stream_whose_hold_is_lost_stops(standalone_client: Any) -> None:
+    s: Stream
+
+    async def reclaim() -> None:  # the hold vanishes, as if it had expired and been reclaimed
+        rid = s.meter.reservation.id if s.meter.reservation else ""
+        _, res_key, exp_key, _ = s.ledger.keys.core(s.scope)
+        await standalone_client.hdel(res_key, rid)
+        await standalone_client.zrem(exp_key, rid)
+
+    script = Script([[role()], *words(2), reclaim, 0.5, *words(20), [finish(), usage(), done()]])
+    s = await stream(standalone_client, script, ttl_s=0.3)
+    await s.run()
+    assert words_sent(s) == ["w0 ", "w1 "]
+    assert s.sent()[-3:] == ["finish:length", "usage", DONE]
+    assert s.relay.outcome is Outcome.TRUNCATED
+    assert s.meter.hold_lost
