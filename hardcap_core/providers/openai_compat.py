@@ -2,13 +2,27 @@
 
 Sends the request's OpenAI-shaped body with the route's model and the output cap set, and
 turns each ``chat.completion.chunk`` into an :class:`~hardcap_core.events.Event` with every
-billed delta field counted: content, reasoning (``reasoning``, ``reasoning_content``,
-``thinking``), refusals, tool-call and legacy function-call names and arguments.
+billed delta field counted.
+
+The rule for a delta (or a whole reply's message): every field is billed output unless it is
+known not to be. Known billed fields are counted by their kind: content, reasoning
+(``reasoning``, ``reasoning_content``, ``thinking``), refusals, tool-call and legacy
+function-call names and arguments, and audio (``audio.data`` by :data:`AUDIO_BYTES_PER_TOKEN`,
+``audio.transcript`` as text). Any other field, and a known field whose value is not the text
+it should be (Mistral streams ``content`` as a list of parts), counts by its length as
+:attr:`~hardcap_core.events.OutputKind.OTHER`: a field this module does not know is never free.
+Known not to be output, and not counted: the labels and ids listed in :data:`NOT_BILLED`,
+:data:`CALL_NOT_BILLED` and :data:`AUDIO_NOT_BILLED`, and empty values (null, "", [], {}, 0),
+which carry nothing. Outside the delta (the choice's ``index``, ``finish_reason``,
+``logprobs``; the chunk's ``id``, ``model``, ``usage``, ...) a chunk holds metadata, not
+output: ``logprobs`` repeat the tokens already counted in the delta and are not billed.
+
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,20 +40,39 @@ from hardcap_core.providers.http import (
     stream_error,
     transport_error,
 )
-from hardcap_core.tokens import streamed_tokens
+from hardcap_core.tokens import streamed_tokens, text_tokens
 
 DIALECT = "openai_chat"
 
 # Delta (and message) text fields a provider bills as output. `reasoning` (vLLM, Groq,
 # OpenRouter), `reasoning_content` (DeepSeek and others), `thinking` (translated Anthropic).
-TEXT_FIELDS = (
-    ("content", OutputKind.CONTENT),
-    ("reasoning", OutputKind.REASONING),
-    ("reasoning_content", OutputKind.REASONING),
-    ("thinking", OutputKind.REASONING),
-    ("refusal", OutputKind.REFUSAL),
+TEXT_FIELDS = {
+    "content": OutputKind.CONTENT,
+    "reasoning": OutputKind.REASONING,
+    "reasoning_content": OutputKind.REASONING,
+    "thinking": OutputKind.REASONING,
+    "refusal": OutputKind.REFUSAL,
+}
+CALL_FIELDS = {"name": OutputKind.TOOL_NAME, "arguments": OutputKind.TOOL_ARGUMENTS}
+# Delta fields known not to be billed output. Each one is listed for a reason; anything not
+# listed counts by its length.
+NOT_BILLED = frozenset(
+    {
+        "role",  # who speaks: a label the model does not generate as output
+        "token_id",  # Together: the id of the token whose text is in `content`, counted there
+        "obfuscation",  # OpenAI's stream padding: random characters, by definition not output
+    }
 )
-CALL_FIELDS = (("name", OutputKind.TOOL_NAME), ("arguments", OutputKind.TOOL_ARGUMENTS))
+CALL_NOT_BILLED = frozenset({"index", "id", "type"})  # a tool call's position, id and kind
+AUDIO_NOT_BILLED = frozenset({"id", "expires_at"})  # the audio's id and storage expiry
+# Audio output is billed by duration: OpenAI bills assistant audio at 1 token per 50 ms, and
+# streams it (chat completions can only stream `pcm16`) as 24 kHz 16-bit mono PCM, 48,000
+# bytes a second: 2,400 bytes per billed token. Counted at 1,600 bytes per token: 1.5 times
+# that rate, and exactly the rate of 16 kHz PCM, the lowest rate a speech model streams.
+# Overcounting only grows the hold sooner and cuts sooner at the budget's end; settlement
+# uses the provider's usage. (Compressed formats carry more audio per byte, but cannot be
+# streamed; a whole reply is capped and settled by its usage.)
+AUDIO_BYTES_PER_TOKEN = 1_600
 CAP_FIELDS = ("max_tokens", "max_completion_tokens")
 MALFORMED = "The provider sent a malformed stream event."
 
@@ -171,43 +204,110 @@ class OpenAICompatible:
         return Event(chunk, output, tokens, _usage(usage) if usage else None, finish)
 
     def _outputs(self, delta: Any, choice: int) -> list[Output]:
-        """Every billed piece of one choice's delta (or whole message)."""
+        """Every billed piece of one choice's delta (or whole message), by the module's rule:
+        known fields by their kind, known labels not at all, anything else by its length."""
         if type(delta) is not dict:
-            return []
+            return self._other(delta, choice)  # not an object: whatever it holds is counted
         cpt = self.chars_per_token
-        out = []
-        for field, kind in TEXT_FIELDS:
-            value = delta.get(field)
-            if value and type(value) is str:
-                out.append(Output(kind, value, streamed_tokens(value, cpt), choice))
-        if "tool_calls" in delta or "function_call" in delta:
-            out += self._calls(delta, choice)
+        out: list[Output] = []
+        for field, value in delta.items():
+            if not value or field in NOT_BILLED:
+                continue  # null, "", [], {}, 0: nothing was generated
+            kind = TEXT_FIELDS.get(field)
+            if kind is not None:
+                if type(value) is str:
+                    out.append(Output(kind, value, streamed_tokens(value, cpt), choice))
+                else:
+                    out += self._other(value, choice, kind)
+            elif field == "tool_calls":
+                out += self._tool_calls(value, choice)
+            elif field == "function_call":
+                out += self._function(value, choice, None)  # legacy: one call, no index
+            elif field == "audio":
+                out += self._audio(value, choice)
+            else:
+                out += self._other(value, choice)
         return out
 
-    def _calls(self, delta: dict[str, Any], choice: int) -> list[Output]:
-        """Tool-call and legacy function-call names and arguments."""
-        calls = [(c.get("index", j), c.get("function")) for j, c in _dicts(delta.get("tool_calls"))]
-        if isinstance(delta.get("function_call"), dict):
-            calls.append((None, delta["function_call"]))
-        out = []
-        for index, fn in calls:
-            if not isinstance(fn, dict):
+    def _tool_calls(self, calls: Any, choice: int) -> list[Output]:
+        """Names and arguments of each tool call; its index, id and type are not billed."""
+        if type(calls) is not list:
+            return self._other(calls, choice)
+        out: list[Output] = []
+        for j, item in enumerate(calls):
+            if type(item) is not dict:
+                out += self._other(item, choice)
                 continue
-            call = index if isinstance(index, int) else None
-            for field, kind in CALL_FIELDS:
-                value = fn.get(field)
-                if isinstance(value, str) and value:
-                    tokens = streamed_tokens(value, self.chars_per_token)
-                    out.append(Output(kind, value, tokens, choice, call))
+            index = item.get("index", j)
+            call = index if isinstance(index, int) and not isinstance(index, bool) else None
+            for field, value in item.items():
+                if not value or field in CALL_NOT_BILLED:
+                    continue
+                if field == "function":
+                    out += self._function(value, choice, call)
+                else:
+                    out += self._other(value, choice, tool_call=call)
         return out
+
+    def _function(self, fn: Any, choice: int, call: int | None) -> list[Output]:
+        """A (tool or legacy) function call's name and arguments; other fields by length."""
+        if type(fn) is not dict:
+            return self._other(fn, choice, tool_call=call)
+        cpt = self.chars_per_token
+        out: list[Output] = []
+        for field, value in fn.items():
+            if not value:
+                continue
+            kind = CALL_FIELDS.get(field, OutputKind.OTHER)
+            if type(value) is str:
+                out.append(Output(kind, value, streamed_tokens(value, cpt), choice, call))
+            else:
+                out += self._other(value, choice, kind, call)
+        return out
+
+    def _audio(self, audio: Any, choice: int) -> list[Output]:
+        """``audio.data`` (base64) by :data:`AUDIO_BYTES_PER_TOKEN`, the transcript as text;
+        its id and expiry are not billed. The data's piece carries no text: it is not text."""
+        if type(audio) is not dict:
+            return self._other(audio, choice)
+        out: list[Output] = []
+        for field, value in audio.items():
+            if not value or field in AUDIO_NOT_BILLED:
+                continue
+            if field == "data" and type(value) is str:
+                out.append(Output(OutputKind.OTHER, "", audio_tokens(value), choice))
+            else:
+                out += self._other(value, choice)
+        return out
+
+    def _other(
+        self,
+        value: Any,
+        choice: int,
+        kind: OutputKind = OutputKind.OTHER,
+        tool_call: int | None = None,
+    ) -> list[Output]:
+        """A value the decoder has no rule for, counted by its length (text as streamed, any
+        other value as its compact JSON); empty values are nothing."""
+        if not value:
+            return []
+        if type(value) is str:
+            tokens = streamed_tokens(value, self.chars_per_token)
+            return [Output(kind, value, tokens, choice, tool_call)]
+        text = json.dumps(value, separators=(",", ":"))
+        return [Output(kind, text, text_tokens(text, self.chars_per_token), choice, tool_call)]
+
+
+def audio_tokens(data: str) -> int:
+    """Tokens billed for base64 audio ``data``: its decoded size (3 bytes per 4 characters,
+    less the padding) at :data:`AUDIO_BYTES_PER_TOKEN`; at least one. Not decoded: a chunk
+    that is not valid base64 still counts by its size."""
+    padding = 2 if data.endswith("==") else 1 if data.endswith("=") else 0
+    return max(1, math.ceil((len(data) * 3 // 4 - padding) / AUDIO_BYTES_PER_TOKEN))
 
 
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
-
-
-def _dicts(value: Any) -> list[tuple[int, dict[str, Any]]]:
-    return [(i, v) for i, v in enumerate(_list(value)) if isinstance(v, dict)]
 
 
 def _finish(choice: Any) -> FinishReason | None:

@@ -7,8 +7,10 @@ is what a provider is given, so this is the provider's own code path end to end.
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
+import math
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -20,7 +22,7 @@ from hardcap_core.chat import ChatRequest
 from hardcap_core.config import Route, parse_config
 from hardcap_core.errors import GatewayError, InvalidRequest, TooManyRequests, UpstreamFailed
 from hardcap_core.events import Event, FinishReason, Output, OutputKind
-from hardcap_core.providers.openai_compat import OpenAICompatible
+from hardcap_core.providers.openai_compat import AUDIO_BYTES_PER_TOKEN, OpenAICompatible
 from hardcap_core.wire.openai_request import parse_chat_request
 
 CPT = 4.0  # chars per token: a delta of up to 8 characters is one token
@@ -90,17 +92,139 @@ def test_every_field_of_one_delta_is_counted() -> None:
         {"role": "assistant"},
         {"role": "assistant", "content": ""},
         {},
-        {"content": None, "reasoning": None, "refusal": None},
-        {"content": 5, "reasoning_content": ["x"], "refusal": {"a": 1}},  # not text: not billed
+        {"content": None, "reasoning": None, "refusal": None, "audio": None},
+        {"tool_calls": None, "function_call": None, "annotations": [], "x_new": {}},
         {"tool_calls": []},
         {"tool_calls": [{"index": 0, "function": {"name": "", "arguments": ""}}]},
+        {"tool_calls": [{"index": 0, "id": "call_abc123", "type": "function"}]},
         {"function_call": {"arguments": ""}},
+        {"audio": {"id": "audio_67153952b364819093d6a4aac6e0767a"}},
+        {"audio": {"expires_at": 1729447778, "data": "", "transcript": ""}},
+        {"role": "assistant", "token_id": 50256, "obfuscation": "Xq3kP9zr"},
+        {"x_new": 0, "y_new": False, "z_new": None},
     ],
 )
-def test_deltas_without_billed_text_count_nothing(delta: dict[str, Any]) -> None:
+def test_deltas_without_billed_output_count_nothing(delta: dict[str, Any]) -> None:
+    """Labels, ids, expiry, padding and empty values are the only fields that are free."""
     event = decode(delta_chunk(delta))
     assert event.output == [] and event.tokens == 0
     assert event.error is None and not event.done
+
+
+# -- fields the decoder has no rule for ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("delta", "kind", "tokens"),
+    [
+        ({"x_new": "Hi"}, OutputKind.OTHER, 1),  # a short streamed piece: one token
+        ({"x_new": LONG}, OutputKind.OTHER, 10),
+        ({"x_new": {"text": LONG}}, OutputKind.OTHER, 13),  # '{"text":"x...x"}': 51 characters
+        ({"x_new": 7}, OutputKind.OTHER, 1),
+        ({"x_new": [1, 2]}, OutputKind.OTHER, 2),  # "[1,2]"
+        # OpenRouter: reasoning as a list of parts next to (or instead of) `reasoning`.
+        (
+            {"reasoning_details": [{"type": "reasoning.text", "text": LONG}]},
+            OutputKind.OTHER,
+            20,  # [{"type":"reasoning.text","text":"x...x"}]: 77 characters
+        ),
+        # Mistral: content as a list of parts, not a string.
+        ({"content": [{"type": "text", "text": LONG}]}, OutputKind.CONTENT, 17),  # 67 characters
+        ({"refusal": {"a": 1}}, OutputKind.REFUSAL, 2),
+        ({"reasoning_content": ["x"]}, OutputKind.REASONING, 2),
+        ({"content": 5}, OutputKind.CONTENT, 1),
+    ],
+)
+def test_a_field_without_a_rule_counts_by_its_length(
+    delta: dict[str, Any], kind: OutputKind, tokens: int
+) -> None:
+    """A provider's new output field (or an old one in a new shape) must never be free: it is
+    counted by its length, as text if it is a string, else as its compact JSON."""
+    event = decode(delta_chunk(delta))
+    assert [(o.kind, o.tokens) for o in event.output] == [(kind, tokens)]
+    assert event.tokens == tokens
+
+
+@pytest.mark.parametrize(
+    ("delta", "tokens"),
+    [
+        # Gemini's thought signature rides on a tool call.
+        ({"tool_calls": [{"index": 0, "extra_content": {"sig": LONG}}]}, 13),  # 50 characters
+        ({"tool_calls": [{"index": 0, "function": {"arguments": "{}", "strict": LONG}}]}, 1 + 10),
+        ({"function_call": {"name": "f", "x_new": LONG}}, 1 + 10),
+        ({"audio": {"id": "audio_1", "x_new": LONG}}, 10),
+    ],
+)
+def test_a_field_without_a_rule_inside_a_call_or_audio_counts_by_its_length(
+    delta: dict[str, Any], tokens: int
+) -> None:
+    assert decode(delta_chunk(delta)).tokens == tokens
+
+
+# -- audio ---------------------------------------------------------------------------------------
+
+
+def b64(size: int) -> str:
+    """Base64 of ``size`` bytes of (silent) audio."""
+    return base64.b64encode(bytes(size)).decode()
+
+
+@pytest.mark.parametrize(
+    ("size", "tokens"),
+    [
+        (1, 1),  # any audio at all is at least a token
+        (1_200, 1),
+        (1_600, 1),  # AUDIO_BYTES_PER_TOKEN
+        (1_601, 2),
+        (4_800, 3),  # 100 ms of 24 kHz 16-bit mono PCM, which OpenAI bills as 2 tokens
+        (48_000, 30),  # one second, which OpenAI bills as 20
+    ],
+)
+def test_audio_data_counts_by_its_decoded_size(size: int, tokens: int) -> None:
+    event = decode(delta_chunk({"audio": {"data": b64(size)}}))
+    assert pieces(event) == [(OutputKind.OTHER, "", tokens, 0, None)]
+    assert AUDIO_BYTES_PER_TOKEN == 1_600
+
+
+@pytest.mark.parametrize("seconds", [0.05, 0.1, 1.0, 7.3, 60.0])
+def test_audio_never_counts_less_than_openai_bills_for_it(seconds: float) -> None:
+    """OpenAI bills assistant audio at 1 token per 50 ms and streams it as 24 kHz 16-bit mono
+    PCM (48,000 bytes a second): the count must be at least that."""
+    size = round(48_000 * seconds)
+    billed = math.ceil(seconds / 0.05)
+    assert decode(delta_chunk({"audio": {"data": b64(size)}})).tokens >= billed
+
+
+def test_an_audio_stream_counts_its_transcript_as_text_and_its_data_by_size() -> None:
+    # The shape OpenAI streams: the id with the first transcript piece, then transcript and
+    # data pieces, then the expiry alone.
+    deltas = [
+        {"content": None, "audio": {"id": "audio_1", "transcript": "Hi"}},
+        {"audio": {"transcript": LONG}},
+        {"audio": {"data": b64(16_000)}},
+        {"audio": {"transcript": " there", "data": b64(3_200)}},
+        {"audio": {"expires_at": 1729447778}},
+    ]
+    assert [decode(delta_chunk(d)).tokens for d in deltas] == [1, 10, 10, 1 + 2, 0]
+    transcript = decode(delta_chunk(deltas[0])).output[0]
+    assert (transcript.kind, transcript.text) == (OutputKind.OTHER, "Hi")
+
+
+def test_a_whole_audio_message_counts_its_audio_and_transcript() -> None:
+    outputs = message_outputs(
+        {
+            "role": "assistant",
+            "content": None,
+            "refusal": None,
+            "audio": {
+                "id": "audio_1",
+                "data": b64(48_000 * 2),
+                "expires_at": 1729447778,
+                "transcript": LONG,
+            },
+        }
+    )
+    assert [(o.kind, o.tokens) for o in outputs] == [(OutputKind.OTHER, 60), (OutputKind.OTHER, 10)]
 
 
 # -- tool calls ---------------------------------------------------------------------------------
@@ -290,13 +414,9 @@ def test_an_error_object_in_the_stream_is_an_error_event(error: Any, says: str) 
         {"choices": [None]},
         {"choices": "x"},
         {"choices": None},
-        {"choices": [None, 1, "x", []]},
+        {"choices": [None, 1, "x", []]},  # not choices: nothing in them is a delta
         {"choices": [{"delta": None}]},
-        {"choices": [{"delta": "text"}]},
-        {"choices": [{"delta": {"tool_calls": "x"}}]},
-        {"choices": [{"delta": {"tool_calls": [None, 1, {"function": None}]}}]},
-        {"choices": [{"delta": {"tool_calls": [{"index": "0", "function": "f"}]}}]},
-        {"choices": [{"delta": {"function_call": "x"}}]},
+        {"choices": [{"delta": {"tool_calls": [None, {"function": None}]}}]},
         {"choices": [], "usage": 5},
         {"usage": {"completion_tokens_details": "x"}},
         {},
@@ -305,6 +425,23 @@ def test_an_error_object_in_the_stream_is_an_error_event(error: Any, says: str) 
 def test_odd_chunk_shapes_do_not_raise_and_bill_nothing(chunk: dict[str, Any]) -> None:
     event = decode(chunk)
     assert event.error is None and event.tokens == 0 and event.output == []
+
+
+@pytest.mark.parametrize(
+    ("delta", "tokens"),
+    [
+        ("text", 1),
+        ({"tool_calls": "x"}, 1),
+        ({"tool_calls": [None, 1, {"function": None}]}, 1),
+        ({"tool_calls": [{"index": "0", "function": "f"}]}, 1),
+        ({"function_call": "x"}, 1),
+        ({"audio": "x"}, 1),
+        ({"audio": {"data": 12345}}, 2),
+    ],
+)
+def test_a_malformed_delta_does_not_raise_and_counts_what_it_holds(delta: Any, tokens: int) -> None:
+    event = decode({"choices": [{"delta": delta}]})
+    assert event.error is None and event.tokens == tokens
 
 
 def test_a_tool_call_with_a_non_integer_index_is_still_counted() -> None:
