@@ -128,6 +128,7 @@ class ChatRequest(BaseModel):
     stream_options: StreamOptions | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None  # the legacy form of `tools`
     user: str | None = None
     metadata: dict[str, Any] | None = None
     reasoning_effort: str | None = None
@@ -147,16 +148,49 @@ class ChatRequest(BaseModel):
         return ""
 
 
-FinishReason = Literal["stop", "length", "tool_calls"]
+FinishReason = Literal["stop", "length", "tool_calls", "function_call"]
+# How the output streams: text content, a tool call's arguments, a legacy function call's
+# arguments (`[mock:function_call=1]`), or spoken words with their audio (`[mock:audio=1]`).
+Shape = Literal["content", "tool_calls", "function_call", "audio"]
+
+# Audio: each spoken word is one transcript token plus this many audio tokens. OpenAI bills
+# assistant audio at 1 token per 50 ms and streams 24 kHz 16-bit mono PCM, 2,400 bytes per
+# token; a word takes about 400 ms (150 words a minute): 8 audio tokens, 19,200 bytes.
+AUDIO_TOKENS_PER_WORD = 8
+AUDIO_BYTES_PER_TOKEN = 2_400
+
+# `[mock:malformed=K]`: the kinds of bad event (see `mock_replies` for what each sends).
+BAD_UTF8, NULL_CHOICE, ERROR_OBJECT, USAGE_NOT_OBJECT, NOT_JSON, JSON_ARRAY = range(1, 7)
+MALFORMED_KINDS = {
+    BAD_UTF8: "bad_utf8",  # invalid UTF-8 bytes inside a content token's chunk (billed)
+    NULL_CHOICE: "null_choice",  # `choices: [null]`
+    ERROR_OBJECT: "error_object",  # `{"error": "boom"}`: the provider failed and stops
+    USAGE_NOT_OBJECT: "usage_not_object",  # `usage: 5`, and 5 wherever usage goes
+    NOT_JSON: "not_json",  # data that is not JSON
+    JSON_ARRAY: "json_array",  # a JSON array holding a chunk with a content token (billed)
+}
+# Kinds whose bad event carries one more billed token than the plan's output.
+BILLED_MALFORMED = frozenset({BAD_UTF8, JSON_ARRAY})
+
+
+def per_piece(shape: Shape) -> int:
+    """Tokens billed for one output piece: a spoken word bills its audio too."""
+    return 1 + AUDIO_TOKENS_PER_WORD if shape == "audio" else 1
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """Everything one answer will contain, drawn when the request arrives.
 
-    `status` >= 400 means "answer with this error instead" (`[mock:status=N]`); `die_after`
-    means "cut the stream after this many tokens" (`[mock:die_after=N]`). With a `tool_name`,
-    `content` holds the fragments of the tool call's JSON arguments.
+    `status` >= 400 means "answer with this error instead" (`[mock:status=N]`). A stream is a
+    sequence of steps: each reasoning token, then each output piece (a content token, an
+    argument fragment, or a spoken word). `die_after` drops the connection after that many
+    steps (`[mock:die_after=N]`); `eof_after` ends the body cleanly there, without a finish
+    chunk, usage or [DONE] (`[mock:eof_after=N]`). With a `tool_name`, `content` holds the
+    fragments of the call's JSON arguments; with `shape` "audio", the spoken words.
+
+    `hidden` reasoning tokens are generated during the silent phase (`silent_ms`) and never
+    streamed, but billed, as a reasoning model that thinks silently bills them.
     """
 
     status: int
@@ -168,11 +202,28 @@ class Plan:
     pace_ms: float
     die_after: int | None
     gzip: bool = False  # compress the stream whatever the client asked (`[mock:gzip=1]`)
+    shape: Shape = "content"
+    hidden: int = 0  # billed reasoning tokens generated in the silent phase, never streamed
+    silent_ms: float = 0.0  # this long before the first chunk, nothing but keep-alive comments
+    keepalive_ms: float | None = None  # an SSE comment this often during the silent phase
+    malformed: int | None = None  # the kind of bad event to send (`MALFORMED_KINDS`)
+    malformed_at: int = 1  # ... before this step (0: as the stream's first event)
+    eof_after: int | None = None
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """Hidden plus streamed reasoning tokens."""
+        return self.hidden + len(self.reasoning)
+
+    @property
+    def audio_tokens(self) -> int:
+        return len(self.content) * AUDIO_TOKENS_PER_WORD if self.shape == "audio" else 0
 
     @property
     def completion_tokens(self) -> int:
-        """Reasoning plus output tokens, as providers bill them."""
-        return len(self.reasoning) + len(self.content)
+        """Reasoning plus output tokens, as providers bill them (a billed bad event included)."""
+        extra = 1 if self.malformed in BILLED_MALFORMED else 0
+        return self.reasoning_tokens + len(self.content) * per_piece(self.shape) + extra
 
 
 def _tool_to_call(req: ChatRequest) -> dict[str, Any] | None:
@@ -191,6 +242,27 @@ def _tool_to_call(req: ChatRequest) -> dict[str, Any] | None:
     return None
 
 
+def _function_to_call(req: ChatRequest) -> dict[str, Any]:
+    """The function a legacy `function_call` answer calls: the first of `functions` or
+    `tools`, else one named "lookup"."""
+    for function in req.functions or []:
+        return function
+    tools = [t["function"] for t in req.tools or [] if isinstance(t.get("function"), dict)]
+    return tools[0] if tools else {"name": "lookup"}
+
+
+def _fit(
+    cap: int, hidden: int, reasoning: list[str], content: list[str], per_piece: int
+) -> tuple[int, list[str], list[str], bool]:
+    """Hidden reasoning, reasoning and output cut to `cap` billed tokens, in the order they
+    are generated; and whether anything was cut."""
+    kept = min(hidden, cap)
+    thought = reasoning[: cap - kept]
+    room = (cap - kept - len(thought)) // per_piece
+    cut = kept < hidden or len(thought) < len(reasoning) or len(content) > room
+    return kept, thought, content[:room], cut
+
+
 def make_plan(
     req: ChatRequest,
     rng: random.Random,
@@ -200,7 +272,10 @@ def make_plan(
     reasoning_tokens: int,
     pace_ms: float,
 ) -> Plan:
-    """Draw the answer to `req`: lengths, words, tool call, finish reason, injected faults."""
+    """Draw the answer to `req`: lengths, words, tool call, finish reason, injected faults.
+
+    Raises ValueError for a directive with a value it does not know.
+    """
     knobs = _directives(req.last_user_text())
     reasoning: list[str] = []
     if "reason" in req.model or req.reasoning_effort is not None:
@@ -208,7 +283,14 @@ def make_plan(
         reasoning = draw_words(rng, count)
     forced = knobs.get("tokens")
     drawn = draw_length(rng, median_tokens, sigma) if forced is None else int(forced)
+    shape: Shape = "content"
     tool = _tool_to_call(req)
+    if knobs.get("function_call"):
+        tool, shape = _function_to_call(req), "function_call"
+    elif knobs.get("audio"):
+        tool, shape = None, "audio"
+    elif tool is not None:
+        shape = "tool_calls"
     finish: FinishReason = "stop"
     if tool is None:
         content = draw_words(rng, drawn)
@@ -216,16 +298,23 @@ def make_plan(
         properties = (tool.get("parameters") or {}).get("properties") or {}
         # Escaped, so any property name still makes a valid JSON object.
         field = json.dumps(str(next(iter(properties), "text")))[1:-1]
-        content, finish = argument_tokens(rng, drawn, field), "tool_calls"
+        content = argument_tokens(rng, drawn, field)
+        finish = "function_call" if shape == "function_call" else "tool_calls"
         if forced is not None:
             content = content[:drawn]
-    # Like real providers, the cap covers reasoning and output together.
-    cap = req.max_completion_tokens or req.max_tokens
-    if cap is not None and len(reasoning) + len(content) > cap:
-        finish = "length"
-        reasoning = reasoning[:cap]
-        content = content[: cap - len(reasoning)]
-    die_after = knobs.get("die_after")
+    pace = knobs.get("pace_ms", pace_ms)
+    hidden = int(knobs.get("hidden", 0))
+    # Like real providers, the cap covers reasoning and output together; `[mock:ignore_cap=1]`
+    # generates the whole drawn length whatever it says.
+    cap = None if knobs.get("ignore_cap") else req.max_completion_tokens or req.max_tokens
+    if cap is not None:
+        hidden, reasoning, content, cut = _fit(cap, hidden, reasoning, content, per_piece(shape))
+        finish = "length" if cut else finish
+    malformed = knobs.get("malformed")
+    if malformed is not None and int(malformed) not in MALFORMED_KINDS:
+        raise ValueError(f"[mock:malformed={malformed:g}]: the kinds are {MALFORMED_KINDS}")
+    die_after, eof_after = knobs.get("die_after"), knobs.get("eof_after")
+    keepalive = knobs.get("keepalive_ms")
     return Plan(
         status=int(knobs.get("status", 200)),
         prompt_tokens=estimate_prompt_tokens(req.messages),
@@ -233,7 +322,15 @@ def make_plan(
         content=content,
         tool_name=None if tool is None else str(tool.get("name", "")),
         finish_reason=finish,
-        pace_ms=knobs.get("pace_ms", pace_ms),
+        pace_ms=pace,
         die_after=None if die_after is None else int(die_after),
         gzip=bool(knobs.get("gzip")),
+        shape=shape,
+        hidden=hidden,
+        # Silent thinking takes as long as its tokens at the model's pace, unless told.
+        silent_ms=knobs.get("silent_ms", hidden * pace),
+        keepalive_ms=keepalive or None,
+        malformed=None if malformed is None else int(malformed),
+        malformed_at=int(knobs.get("malformed_at", 1)),
+        eof_after=None if eof_after is None else int(eof_after),
     )

@@ -7,11 +7,40 @@ sending, so a test can compare the gateway's ledger with what really left the "m
 
 Tenant: the request's `user`, else `metadata.tenant`, else "anonymous".
 
-Test directives in the last user message: `[mock:status=503]` answers with that status;
-`[mock:die_after=N]` cuts a stream after N tokens, or at its end if shorter (no finish chunk,
-no [DONE]; ignored without streaming); `[mock:tokens=N]` forces N output tokens (max_tokens
-still caps); `[mock:pace_ms=X]` overrides the pace; `[mock:gzip=1]` gzips the stream even when
-the client asked for no content encoding, as a misconfigured provider or proxy would.
+Test directives in the last user message, `[mock:name=value]`, each value a number:
+
+- `status=N`: answer with that error status (not billed).
+- `tokens=N`: N output pieces (max_tokens still caps); `pace_ms=X`: X ms between steps.
+- `die_after=N`: drop the connection after N steps (reasoning tokens and output pieces), or at
+  the end if shorter: no finish chunk, no [DONE], the transfer is left incomplete.
+  `eof_after=N`: the same, but the body ends cleanly (a provider that just stops).
+- `gzip=1`: gzip the stream even though the client asked for no content encoding, as a
+  misconfigured provider or proxy would.
+- `silent_ms=X`: before the first chunk nothing is sent for X ms (the headers are out): a
+  reasoning model thinking. `hidden=N`: it thinks N reasoning tokens meanwhile, never
+  streamed but billed (generated evenly over the silence; its length defaults to N times the
+  pace) and reported in `usage.completion_tokens_details.reasoning_tokens`; they count
+  against max_tokens first. `keepalive_ms=Y`: an SSE comment `: ping` every Y ms of it.
+- `ignore_cap=1`: generate the drawn or forced length whatever max_tokens says (streamed and
+  not), finish reason "stop".
+- `malformed=K`: one bad event before step `malformed_at=N` (default 1; 0: the stream's first
+  event, before the role chunk; past the end: before the finish chunk). K, from
+  `mock_plan.MALFORMED_KINDS`: 1 a content token whose chunk holds invalid UTF-8 bytes (billed),
+  2 `choices: [null]`, 3 `{"error": "boom"}` (the provider stops there and ends the body: no
+  finish, usage or [DONE]), 4 `usage: 5` (and 5 in the closing usage chunk), 5 data that is not
+  JSON, 6 a JSON array holding a chunk with one content token (billed). A whole reply is
+  mangled the same way (1: bad bytes in the content, 2: `choices: [null]`, 3: the body is
+  `{"error": "boom"}`, 4: `usage: 5`, 5: a body that is not JSON, 6: the reply in an array),
+  with status 200 and every token billed.
+- `function_call=1`: the answer is a legacy `function_call` (name, then argument fragments;
+  the first of `functions` or `tools`, else "lookup"), finish reason "function_call".
+- `audio=1`: the answer is spoken: each of the N words streams as a `delta.audio.transcript`
+  chunk (1 text token) then a `delta.audio.data` chunk of 19,200 bytes of 24 kHz 16-bit PCM
+  (8 audio tokens at OpenAI's 1 token per 50 ms); the id comes with the first transcript,
+  `expires_at` last. Usage reports `audio_tokens` and `text_tokens`; max_tokens caps the sum.
+
+The ground truth counts every billed token when it is handed to the server: reasoning (hidden
+too), output, audio, a billed bad event, and tokens past max_tokens under `ignore_cap`.
 
 Randomness is drawn when a request arrives, so a seeded run is reproducible as long as requests
 arrive in the same order.
@@ -22,13 +51,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import random
-import time
-import uuid
 import zlib
 from collections.abc import AsyncGenerator
-from typing import Any
 
 from pydantic import ValidationError
 from starlette.applications import Starlette
@@ -38,6 +63,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from hardcap_core.local.mock_plan import ChatRequest, Plan, make_plan
+from hardcap_core.local.mock_replies import MockAbort, reply_body, stream_events
 from hardcap_core.local.mock_truth import Account, GroundTruth
 
 MODELS = ("mock-small", "mock-large", "mock-reason")
@@ -61,10 +87,6 @@ class MockSettings:
             raise ValueError("median_tokens must be >= 1, sigma and reasoning_tokens >= 0")
 
 
-class _MockAbort(Exception):
-    """Raised inside a stream's generator to cut the connection (`[mock:die_after=N]`)."""
-
-
 class _CuttableStreamingResponse(StreamingResponse):
     """A StreamingResponse that can end without its final body message, like a crashed host.
 
@@ -76,7 +98,7 @@ class _CuttableStreamingResponse(StreamingResponse):
 
     def __init__(
         self,
-        content: AsyncGenerator[str, None] | AsyncGenerator[bytes, None],
+        content: AsyncGenerator[bytes, None],
         account: Account,
         headers: dict[str, str] | None = None,
     ) -> None:
@@ -87,7 +109,7 @@ class _CuttableStreamingResponse(StreamingResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
-        except _MockAbort:
+        except MockAbort:
             # Returning with the response incomplete makes uvicorn drop the connection (it logs
             # one line), so the client sees a body cut mid-stream with no [DONE].
             pass
@@ -96,12 +118,12 @@ class _CuttableStreamingResponse(StreamingResponse):
             self._account.close(finished=False)
 
 
-async def _gzipped(events: AsyncGenerator[str, None]) -> AsyncGenerator[bytes, None]:
+async def _gzipped(events: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
     """The stream gzip-compressed, flushed after every event so it still streams."""
     packer = zlib.compressobj(wbits=31)  # 31: the gzip container
     try:
         async for event in events:
-            yield packer.compress(event.encode()) + packer.flush(zlib.Z_SYNC_FLUSH)
+            yield packer.compress(event) + packer.flush(zlib.Z_SYNC_FLUSH)
         yield packer.flush()
     finally:
         await events.aclose()
@@ -120,130 +142,19 @@ def _error(status: int, message: str) -> JSONResponse:
     )
 
 
-def _usage(plan: Plan) -> dict[str, Any]:
-    return {
-        "prompt_tokens": plan.prompt_tokens,
-        "completion_tokens": plan.completion_tokens,
-        "total_tokens": plan.prompt_tokens + plan.completion_tokens,
-        "completion_tokens_details": {"reasoning_tokens": len(plan.reasoning)},
-    }
-
-
-async def _stream(
-    req: ChatRequest, plan: Plan, account: Account, first_token_ms: float
-) -> AsyncGenerator[str, None]:
-    """SSE events, one token per chunk; counts each token into `account` as it is yielded."""
-    chunk_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-    created = int(time.time())
-    include_usage = req.stream_options is not None and req.stream_options.include_usage
-
-    def event(delta: dict[str, Any], finish: str | None = None) -> str:
-        chunk: dict[str, Any] = {
-            "id": chunk_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": req.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-        }
-        if include_usage:
-            chunk["usage"] = None
-        return f"data: {json.dumps(chunk)}\n\n"
-
-    tokens: list[dict[str, Any]] = [{"reasoning": t} for t in plan.reasoning]
-    if plan.tool_name is None:
-        tokens += [{"content": t} for t in plan.content]
-    else:
-        tokens += [
-            {"tool_calls": [{"index": 0, "function": {"arguments": t}}]} for t in plan.content
-        ]
-    started = time.monotonic() + first_token_ms / 1000
-    finished = False
-    try:
-        await asyncio.sleep(first_token_ms / 1000)
-        yield event({"role": "assistant", "content": None if plan.tool_name else ""})
-        for i, delta in enumerate(tokens):
-            if i == plan.die_after:
-                raise _MockAbort
-            if i == len(plan.reasoning) and plan.tool_name is not None:
-                yield event(
-                    {
-                        "tool_calls": [
-                            {
-                                "index": 0,
-                                "id": f"call_{uuid.uuid4().hex[:24]}",
-                                "type": "function",
-                                "function": {"name": plan.tool_name, "arguments": ""},
-                            }
-                        ]
-                    }
-                )
-            # Sleep to an absolute schedule so per-sleep overhead does not slow the pace; a
-            # zero sleep still yields to the loop, where Starlette notices a disconnect.
-            await asyncio.sleep(max(0.0, started + i * plan.pace_ms / 1000 - time.monotonic()))
-            account.add_tokens(1)
-            yield event(delta)
-        if plan.die_after is not None and plan.die_after >= len(tokens):
-            raise _MockAbort
-        yield event({}, plan.finish_reason)
-        if include_usage:
-            usage = {
-                "id": chunk_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": req.model,
-                "choices": [],
-                "usage": _usage(plan),
-            }
-            yield f"data: {json.dumps(usage)}\n\n"
-        yield "data: [DONE]\n\n"
-        finished = True
-    finally:
-        # Runs on normal end, on _MockAbort, and on cancellation or GeneratorExit when the client
-        # goes away: no token is counted after this, so once in_flight drops the counts are final.
-        account.close(finished)
-
-
 async def _complete(
     req: ChatRequest, plan: Plan, account: Account, first_token_ms: float
 ) -> Response:
     finished = False
     try:
         # A real model takes as long to answer without streaming as with it.
-        await asyncio.sleep((first_token_ms + plan.completion_tokens * plan.pace_ms) / 1000)
+        steps = len(plan.reasoning) + len(plan.content)
+        await asyncio.sleep((first_token_ms + plan.silent_ms + steps * plan.pace_ms) / 1000)
         account.add_tokens(plan.completion_tokens)
         finished = True
     finally:
         account.close(finished)
-    message: dict[str, Any] = {"role": "assistant", "content": None, "refusal": None}
-    if plan.reasoning:
-        message["reasoning"] = "".join(plan.reasoning)
-    if plan.tool_name is None:
-        message["content"] = "".join(plan.content)
-    else:
-        message["tool_calls"] = [
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {"name": plan.tool_name, "arguments": "".join(plan.content)},
-            }
-        ]
-    return JSONResponse(
-        {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": req.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "logprobs": None,
-                    "finish_reason": plan.finish_reason,
-                }
-            ],
-            "usage": _usage(plan),
-        }
-    )
+    return Response(reply_body(req, plan), media_type="application/json")
 
 
 def create_mock_app(settings: MockSettings) -> Starlette:
@@ -260,14 +171,17 @@ def create_mock_app(settings: MockSettings) -> Starlette:
             return _error(400, "messages must not be empty")
         if any(cap is not None and cap < 1 for cap in (req.max_tokens, req.max_completion_tokens)):
             return _error(400, "max_tokens must be at least 1")
-        plan = make_plan(
-            req,
-            rng,
-            median_tokens=settings.median_tokens,
-            sigma=settings.sigma,
-            reasoning_tokens=settings.reasoning_tokens,
-            pace_ms=settings.pace_ms,
-        )
+        try:
+            plan = make_plan(
+                req,
+                rng,
+                median_tokens=settings.median_tokens,
+                sigma=settings.sigma,
+                reasoning_tokens=settings.reasoning_tokens,
+                pace_ms=settings.pace_ms,
+            )
+        except ValueError as exc:
+            return _error(400, str(exc))
         tenant = truth.tenant(req.tenant())
         tenant.requests += 1
         if plan.status >= 400:
@@ -278,7 +192,7 @@ def create_mock_app(settings: MockSettings) -> Starlette:
         tenant.in_flight += 1
         account = Account(tenant)
         if req.stream:
-            body = _stream(req, plan, account, settings.first_token_ms)
+            body = stream_events(req, plan, account, settings.first_token_ms)
             if plan.gzip:
                 encoding = {"content-encoding": "gzip"}
                 return _CuttableStreamingResponse(_gzipped(body), account, encoding)

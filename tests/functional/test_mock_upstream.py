@@ -4,6 +4,7 @@ with httpx and the official OpenAI SDK as clients."""
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import random
 import socket
@@ -18,7 +19,21 @@ import openai
 import pytest
 import uvicorn
 
-from hardcap_core.local.mock_plan import VOCABULARY, ChatRequest, estimate_prompt_tokens, make_plan
+from hardcap_core.local.mock_plan import (
+    AUDIO_BYTES_PER_TOKEN,
+    AUDIO_TOKENS_PER_WORD,
+    BAD_UTF8,
+    ERROR_OBJECT,
+    JSON_ARRAY,
+    MALFORMED_KINDS,
+    NOT_JSON,
+    NULL_CHOICE,
+    USAGE_NOT_OBJECT,
+    VOCABULARY,
+    ChatRequest,
+    estimate_prompt_tokens,
+    make_plan,
+)
 from hardcap_core.local.mock_upstream import (
     MockSettings,
     add_mock_arguments,
@@ -450,3 +465,312 @@ def test_cli_arguments_build_settings() -> None:
     assert settings_from_args(parser.parse_args([])) == MockSettings()
     with pytest.raises(ValueError, match="pace_ms"):
         MockSettings(pace_ms=-1)
+
+
+# -- misbehaviours on command ----------------------------------------------------------------------
+
+
+def raw_stream(mock: MockServer, text: str, tenant: str, **fields: Any) -> tuple[list[bytes], bool]:
+    """The SSE blocks of a streamed reply as bytes (comments included), and whether the
+    transfer ended cleanly (False: the connection was dropped mid-body)."""
+    body = {"model": "mock-small", "messages": ask(text), "stream": True, "user": tenant, **fields}
+    data, clean = b"", True
+    with mock.http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        try:
+            for piece in response.iter_raw():
+                data += piece
+        except httpx.RemoteProtocolError:
+            clean = False
+    return [block for block in data.split(b"\n\n") if block], clean
+
+
+def payloads(blocks: list[bytes]) -> list[Any]:
+    """Each data block decoded: a JSON value, "[DONE]", or the raw bytes if it is not JSON."""
+    out: list[Any] = []
+    for block in blocks:
+        if block.startswith(b"data: "):
+            data = block.removeprefix(b"data: ")
+            if data == b"[DONE]":
+                out.append("[DONE]")
+                continue
+            try:
+                out.append(json.loads(data))
+            except ValueError:
+                out.append(data)
+    return out
+
+
+def deltas(decoded: list[Any]) -> list[dict[str, Any]]:
+    return [
+        c["choices"][0]["delta"]
+        for c in decoded
+        if isinstance(c, dict) and c.get("choices") and isinstance(c["choices"][0], dict)
+    ]
+
+
+def finishes(decoded: list[Any]) -> list[str]:
+    return [
+        c["choices"][0]["finish_reason"]
+        for c in decoded
+        if isinstance(c, dict) and c.get("choices") and isinstance(c["choices"][0], dict)
+        and c["choices"][0]["finish_reason"]
+    ]
+
+
+def usage_of(decoded: list[Any]) -> Any:
+    (usage,) = [c["usage"] for c in decoded if isinstance(c, dict) and c.get("usage")]
+    return usage
+
+
+def test_silent_phase_sends_only_keepalives_and_bills_its_hidden_reasoning(
+    mock: MockServer,
+) -> None:
+    text = "[mock:silent_ms=600] [mock:keepalive_ms=50] [mock:hidden=40] [mock:tokens=5]"
+    started = time.monotonic()
+    blocks, clean = raw_stream(mock, text, "thinker", stream_options={"include_usage": True})
+    assert clean
+    assert time.monotonic() - started >= 0.6  # a lower bound: sleeps never end early
+    first_data = next(i for i, b in enumerate(blocks) if b.startswith(b"data: "))
+    # Only comments before the first chunk, at most one per keep-alive interval, none after.
+    assert set(blocks[:first_data]) == {b": ping"}
+    assert 1 <= first_data <= 600 // 50
+    assert not any(b.startswith(b":") for b in blocks[first_data:])
+    decoded = payloads(blocks)
+    assert [d["content"] for d in deltas(decoded) if d.get("content")] != []
+    assert not any("reasoning" in d for d in deltas(decoded))  # the thinking is never streamed
+    usage = usage_of(decoded)
+    assert usage["completion_tokens"] == 45
+    assert usage["completion_tokens_details"]["reasoning_tokens"] == 40
+    assert mock.truth("thinker")["completion_tokens"] == 45
+
+
+def test_silent_phase_without_keepalives_sends_nothing(mock: MockServer) -> None:
+    blocks, _ = raw_stream(mock, "[mock:silent_ms=200] [mock:tokens=3]", "quiet")
+    assert blocks[0].startswith(b"data: ")
+    assert not any(b.startswith(b":") for b in blocks)
+    assert mock.truth("quiet")["completion_tokens"] == 3
+
+
+def test_hidden_reasoning_counts_against_max_tokens_first(sdk: openai.OpenAI) -> None:
+    for stream in (False, True):
+        kwargs: Any = {"stream_options": {"include_usage": True}} if stream else {}
+        reply = sdk.chat.completions.create(
+            model="mock-small", messages=ask("[mock:hidden=40] [mock:tokens=20]"),
+            max_tokens=30, stream=stream, **kwargs,
+        )
+        if stream:
+            chunks = list(reply)  # type: ignore[arg-type]
+            usage = chunks[-1].usage
+            content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+            assert content == []
+        else:
+            usage, finish = reply.usage, reply.choices[0].finish_reason  # type: ignore[union-attr]
+        assert finish == "length"
+        assert usage is not None and usage.completion_tokens == 30
+        assert usage.completion_tokens_details is not None
+        assert usage.completion_tokens_details.reasoning_tokens == 30
+
+
+def test_a_client_that_leaves_during_the_silence_is_billed_the_share_thought_so_far(
+    mock: MockServer,
+) -> None:
+    body = {"model": "mock-small", "stream": True, "user": "left-thinking",
+            "messages": ask("[mock:silent_ms=3000] [mock:keepalive_ms=100] [mock:hidden=3000]")}
+    with mock.http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert next(response.iter_lines()) == ": ping"  # about 100 ms of thinking
+    truth = mock.truth("left-thinking")
+    assert truth["aborted"] == 1 and truth["in_flight"] == 0
+    # Billed what it thought until the client left (some), not the whole silence's worth.
+    assert 0 < truth["completion_tokens"] < 3000
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_ignore_cap_generates_past_max_tokens_and_bills_it(
+    mock: MockServer, sdk: openai.OpenAI, stream: bool
+) -> None:
+    tenant = f"ignores-{stream}"
+    reply: Any = sdk.chat.completions.create(
+        model="mock-small", messages=ask("[mock:tokens=50] [mock:ignore_cap=1]"), max_tokens=7,
+        stream=stream, user=tenant,
+        **({"stream_options": {"include_usage": True}} if stream else {}),
+    )
+    if stream:
+        chunks = list(reply)
+        assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) == 50
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+        usage = chunks[-1].usage
+    else:
+        assert reply.choices[0].finish_reason == "stop"
+        usage = reply.usage
+    assert usage.completion_tokens == 50 == mock.truth(tenant)["completion_tokens"]
+
+
+def test_die_after_drops_the_connection_without_finish_or_done(mock: MockServer) -> None:
+    blocks, clean = raw_stream(mock, "[mock:die_after=4] [mock:tokens=20]", "dropped",
+                               stream_options={"include_usage": True})
+    decoded = payloads(blocks)
+    assert not clean  # the transfer is left incomplete
+    assert "[DONE]" not in decoded and finishes(decoded) == []
+    assert not any(isinstance(c, dict) and c.get("usage") for c in decoded)
+    assert len([d for d in deltas(decoded) if d.get("content")]) == 4
+    truth = mock.truth("dropped")
+    assert (truth["completion_tokens"], truth["aborted"], truth["completed"]) == (4, 1, 0)
+
+
+def test_eof_after_ends_the_body_cleanly_without_finish_or_done(mock: MockServer) -> None:
+    blocks, clean = raw_stream(mock, "[mock:eof_after=4] [mock:tokens=20]", "stopped",
+                               stream_options={"include_usage": True})
+    decoded = payloads(blocks)
+    assert clean
+    assert "[DONE]" not in decoded and finishes(decoded) == []
+    assert not any(isinstance(c, dict) and c.get("usage") for c in decoded)
+    assert len([d for d in deltas(decoded) if d.get("content")]) == 4
+    truth = mock.truth("stopped")
+    assert (truth["completion_tokens"], truth["aborted"], truth["completed"]) == (4, 1, 0)
+
+
+def bad_payload(kind: int) -> Any:
+    """How the bad event of ``kind`` decodes (see `payloads`)."""
+    return {
+        BAD_UTF8: lambda p: isinstance(p, bytes) and b'"\xff\xfe"' in p,
+        NULL_CHOICE: lambda p: isinstance(p, dict) and p.get("choices") == [None],
+        ERROR_OBJECT: lambda p: p == {"error": "boom"},
+        USAGE_NOT_OBJECT: lambda p: isinstance(p, dict) and p.get("usage") == 5,
+        NOT_JSON: lambda p: p == b"this is not json {",
+        JSON_ARRAY: lambda p: (
+            isinstance(p, list) and p[0]["choices"][0]["delta"] == {"content": " the"}
+        ),
+    }[kind]
+
+
+@pytest.mark.parametrize("at", [0, 3])
+@pytest.mark.parametrize("kind", sorted(MALFORMED_KINDS))
+def test_malformed_event_goes_out_where_told_and_bills_what_it_carries(
+    mock: MockServer, kind: int, at: int
+) -> None:
+    tenant = f"bad-{kind}-{at}"
+    text = f"[mock:malformed={kind}] [mock:malformed_at={at}] [mock:tokens=6]"
+    blocks, clean = raw_stream(mock, text, tenant, stream_options={"include_usage": True})
+    assert clean
+    decoded = payloads(blocks)
+    is_bad = bad_payload(kind)
+    where = next(i for i, p in enumerate(decoded) if is_bad(p))  # (usage 5 closes too)
+    # Before step `at`: after the role chunk and `at` content chunks (first of all for 0).
+    assert where == (0 if at == 0 else 1 + at)
+    extra = 1 if kind in (BAD_UTF8, JSON_ARRAY) else 0
+    truth = mock.truth(tenant)
+    if kind == ERROR_OBJECT:
+        # The provider failed there: it stops, billing what it generated, and ends the body.
+        assert where == len(decoded) - 1
+        assert truth["completion_tokens"] == at
+        assert truth["aborted"] == 1
+        return
+    assert decoded[-1] == "[DONE]" and finishes(decoded) == ["stop"]
+    assert len([d for d in deltas(decoded) if d.get("content")]) == 6
+    assert truth["completion_tokens"] == 6 + extra
+    if kind == USAGE_NOT_OBJECT:
+        assert [c["usage"] for c in decoded if isinstance(c, dict) and "usage" in c][-1] == 5
+    else:
+        assert usage_of(decoded)["completion_tokens"] == 6 + extra
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED_KINDS))
+def test_malformed_whole_reply_is_mangled_and_still_billed(mock: MockServer, kind: int) -> None:
+    tenant = f"bad-reply-{kind}"
+    body = {"model": "mock-small", "user": tenant,
+            "messages": ask(f"[mock:malformed={kind}] [mock:tokens=6]")}
+    response = mock.http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200
+    raw = response.content
+    extra = 1 if kind in (BAD_UTF8, JSON_ARRAY) else 0
+    assert mock.truth(tenant)["completion_tokens"] == 6 + extra
+    if kind == BAD_UTF8:
+        assert b'\xff\xfe"' in raw
+        with pytest.raises(UnicodeDecodeError):
+            raw.decode()
+        return
+    if kind == NOT_JSON:
+        assert raw == b"this is not json {"
+        return
+    reply = json.loads(raw)
+    expected = {
+        NULL_CHOICE: lambda r: r["choices"] == [None] and r["usage"]["completion_tokens"] == 6,
+        ERROR_OBJECT: lambda r: r == {"error": "boom"},
+        USAGE_NOT_OBJECT: lambda r: r["usage"] == 5 and r["choices"][0]["message"]["content"],
+        JSON_ARRAY: lambda r: isinstance(r, list) and r[0]["usage"]["completion_tokens"] == 7,
+    }[kind]
+    assert expected(reply)
+
+
+def test_an_unknown_malformed_kind_is_a_400(mock: MockServer) -> None:
+    body = {"model": "mock-small", "messages": ask("[mock:malformed=9]")}
+    response = mock.http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    assert "malformed" in response.json()["error"]["message"]
+
+
+def test_function_call_streams_a_legacy_call(mock: MockServer, sdk: openai.OpenAI) -> None:
+    lookup: Any = {"name": "find_city", "parameters": {"type": "object",
+                                                     "properties": {"city": {}}}}
+    stream = sdk.chat.completions.create(
+        model="mock-small", messages=ask("[mock:function_call=1] [mock:tokens=12]"),
+        functions=[lookup], stream=True, stream_options={"include_usage": True}, user="legacy",
+    )
+    name, arguments, fragments, finish, usage = None, "", 0, None, None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        assert delta.content is None and delta.tool_calls is None
+        finish = chunk.choices[0].finish_reason or finish
+        if delta.function_call is not None:
+            name = delta.function_call.name or name
+            if delta.function_call.arguments:
+                arguments += delta.function_call.arguments
+                fragments += 1
+    assert (name, finish, fragments) == ("find_city", "function_call", 12)
+    assert set(json.loads(arguments)) == {"city"}
+    assert usage is not None and usage.completion_tokens == 12
+    assert mock.truth("legacy")["completion_tokens"] == 12
+    reply = sdk.chat.completions.create(
+        model="mock-small", messages=ask("[mock:function_call=1] [mock:tokens=12]"),
+    )
+    call = reply.choices[0].message.function_call
+    assert call is not None and call.name == "lookup"  # no functions given
+    assert reply.choices[0].finish_reason == "function_call"
+
+
+def test_audio_streams_transcript_and_pcm_and_bills_both(mock: MockServer) -> None:
+    blocks, clean = raw_stream(mock, "[mock:audio=1] [mock:tokens=10]", "speaker",
+                               stream_options={"include_usage": True})
+    assert clean
+    decoded = payloads(blocks)
+    audio = [d["audio"] for d in deltas(decoded) if "audio" in d]
+    transcripts = [a["transcript"] for a in audio if "transcript" in a]
+    data = [base64.b64decode(a["data"]) for a in audio if "data" in a]
+    assert len(transcripts) == len(data) == 10
+    assert {len(d) for d in data} == {AUDIO_TOKENS_PER_WORD * AUDIO_BYTES_PER_TOKEN}  # 400 ms
+    assert audio[0]["id"].startswith("audio_") and "transcript" in audio[0]
+    assert list(audio[-1]) == ["expires_at"]
+    assert not any(d.get("content") for d in deltas(decoded))
+    usage = usage_of(decoded)
+    assert usage["completion_tokens"] == 10 * (1 + AUDIO_TOKENS_PER_WORD)
+    assert usage["completion_tokens_details"]["audio_tokens"] == 80
+    assert usage["completion_tokens_details"]["text_tokens"] == 10
+    assert mock.truth("speaker")["completion_tokens"] == 90
+
+
+def test_audio_is_capped_by_its_billed_tokens_and_whole_replies_carry_it(
+    sdk: openai.OpenAI,
+) -> None:
+    reply = sdk.chat.completions.create(
+        model="mock-small", messages=ask("[mock:audio=1] [mock:tokens=10]"), max_tokens=40,
+    )
+    audio = reply.choices[0].message.audio
+    assert audio is not None and audio.transcript
+    assert len(base64.b64decode(audio.data)) == 4 * AUDIO_TOKENS_PER_WORD * AUDIO_BYTES_PER_TOKEN
+    assert reply.choices[0].finish_reason == "length"  # 4 words of 9 tokens fit in 40
+    assert reply.usage is not None and reply.usage.completion_tokens == 36
