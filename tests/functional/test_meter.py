@@ -124,3 +124,54 @@ async def test_received_tokens_are_charged_even_past_the_reservation(
     await meter.settle(Outcome.TRUNCATED)
     remaining = {b.budget.dimension: b.remaining for b in meter.final_budgets}
     assert remaining[Dimension.OUTPUT_TOKENS] == 50 - 70
+
+
+async def test_a_cut_after_a_hung_ledger_call_charges_what_the_provider_made_meanwhile() -> None:
+    """An extend blocked on a frozen cache: the provider kept generating for as long as the
+    call hung (seen: 274 generated, 180 charged, the in-flight guess capped at the hold)."""
+    import asyncio
+    import os
+    import signal
+    import time
+
+    from hardcap_core.ledger.connection import connect
+    from hardcap_core.local.valkey import LocalValkey
+
+    with LocalValkey() as server:
+        client = await connect(server.url)
+        try:
+            ledger = Ledger(client)
+            s = scope((TENANT, Dimension.OUTPUT_TOKENS, 10_000, "day"), levels=(TENANT,))
+            admitted = await ledger.admit(s, input_tokens=0, output_estimate=40)
+            assert isinstance(admitted, Admitted)
+            meter = Meter(
+                ledger, s, admitted.reservation, MeterSettings(), input_estimate=0,
+                estimator=MaxTokensEstimator(), route="r", prices=FREE, clock=time.monotonic,
+            )  # fmt: skip
+            meter.note_read(0)
+            for _ in range(5):  # 100 tokens a second, in step: no extend needed yet
+                await asyncio.sleep(PACE_S)
+                meter.note_read(1)
+                assert await meter.make_room(1)
+            assert server.proc is not None
+            os.kill(server.proc.pid, signal.SIGSTOP)
+            try:
+                hung = 0.0
+                for _ in range(300):  # the next extend hangs until the socket timeout
+                    await asyncio.sleep(PACE_S)
+                    meter.note_read(1)
+                    started = time.monotonic()
+                    if not await meter.make_room(1):
+                        hung = time.monotonic() - started
+                        break
+            finally:
+                os.kill(server.proc.pid, signal.SIGCONT)
+            assert meter.cut and meter.ledger_failed
+            # The provider went on at 100 tokens a second while the call hung: all of it is
+            # charged, not just what the 40-token hold would cover.
+            assert meter.cut_charge() >= meter.seen + int(100 * hung * 0.8)
+            assert meter.cut_charge() > meter.reserved
+            await meter.settle(Outcome.TRUNCATED)
+            assert meter.charged_output == meter.cut_charge()
+        finally:
+            await client.aclose()
