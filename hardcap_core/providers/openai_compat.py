@@ -183,7 +183,10 @@ class OpenAICompatible:
         except json.JSONDecodeError:
             return Event(error=MALFORMED)
         if type(chunk) is not dict:
-            return Event()
+            # Not a chunk (a JSON array, a string, a number): nothing to forward, but what it
+            # holds may be output a provider billed, so it counts by its length.
+            other = self._other(chunk, 0)
+            return Event(output=other, tokens=sum(o.tokens for o in other))
         if "error" in chunk:
             error = chunk["error"]
             message = error.get("message") if isinstance(error, dict) else error

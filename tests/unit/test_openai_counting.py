@@ -387,10 +387,22 @@ def test_malformed_json_is_an_error_event(data: str) -> None:
     assert not event.done
 
 
-@pytest.mark.parametrize("data", ["[1, 2]", '"text"', "42", "null", "true"])
-def test_json_that_is_not_an_object_is_ignored(data: str) -> None:
+@pytest.mark.parametrize(
+    ("data", "tokens"),
+    [
+        ("[1, 2]", 2),
+        ('"text"', 1),
+        ("42", 1),
+        ("null", 0),
+        ("true", 1),
+        # A chunk wrapped in an array: never free, though it is not forwarded.
+        (json.dumps([delta_chunk({"content": LONG})]), 49),  # 193 characters
+    ],
+)
+def test_json_that_is_not_an_object_counts_by_its_length(data: str, tokens: int) -> None:
     event = decode(data)
-    assert (event.error, event.done, event.tokens, event.usage) == (None, False, 0, None)
+    assert (event.error, event.done, event.usage, event.raw) == (None, False, None, None)
+    assert event.tokens == tokens
 
 
 @pytest.mark.parametrize(
@@ -507,7 +519,7 @@ def route(**upstream: Any) -> Route:
 
 def chat(**fields: Any) -> ChatRequest:
     body = {"model": "pub", "messages": [{"role": "user", "content": "hello"}], **fields}
-    return parse_chat_request(json.dumps(body).encode(), chars_per_token=CPT)
+    return parse_chat_request(json.dumps(body).encode())
 
 
 class Upstream:
