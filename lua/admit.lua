@@ -1,34 +1,44 @@
 -- admit.lua: check rate limits and every budget a request touches, then reserve its estimate.
 --
--- KEYS[1]  hc:{root}:reserved   hash  budget field -> tokens or nUSD held by live reservations
--- KEYS[2]  hc:{root}:res        hash  reservation id -> JSON record (fields, dims, in, out, prices, meta)
--- KEYS[3]  hc:{root}:exp        zset  reservation id -> expiry, epoch ms (server clock)
--- KEYS[4]  hc:{root}:rl         hash  rate-limit state per level (sliding minute, token bucket)
--- KEYS[5]  hc:{root}:s:<reservation id>  string  set once this id was settled
--- KEYS[6..] hc:{root}:u:<window spec>:<window id>  hash  budget field -> used, one key per window
+-- KEYS[1..7] the ledger keys every script takes (lib.lua: reserved, res, exp, rl, expired,
+--            expired_at, live)
+-- KEYS[8]    hc:{root}:s:<reservation id>  string  set once this id was settled
+-- KEYS[9..]  hc:{root}:u:<window spec>:<window id>  hash  budget field -> used, one key per window
 --
 -- ARGV[1]  reservation id (unique per request)
 -- ARGV[2]  reservation TTL, ms (a live stream refreshes it with extend)
--- ARGV[3]  JSON: {b: [[field, dim, limit, used_key_index]...], w: [[start_ms, end_ms]...],
+-- ARGV[3]  JSON: {b: [[field, dim, limit, used_key_index]...], w: [[start_ms, end_ms, spec]...],
+--                 xm: ms an expiry charge is remembered for a late settle,
 --                 r: [[level_tag, rpm_or_0, tpm_or_0]...], i: input tokens, o: output estimate,
 --                 mo: least output worth admitting, pi/po: nUSD per input/output token,
---                 m: {rt: route, md: upstream model, k: key id, rq: request id}, kept on the
---                    reservation record for the usage record settle writes}
+--                 x: 1 to CHARGE the hold if it expires unsettled (0: return it to the tenant),
+--                 na: not after: server ms past which this call must reserve nothing (0: none),
+--                 lv: the scope's level tags (its live reservations are counted per level),
+--                 m: {rt: route, md: upstream model, k: key id, rq: request id, tn: tenant},
+--                    kept on the reservation record for the usage record settle writes}
 --
 -- Units: tokens; money in integer nano-USD; times in epoch ms from the server's TIME.
 --
 -- Reply, admitted:  {'ok', now_ms, output_reserved, <budget state>, <rate state>}
--- Reply, refused:   {'busy'|'exceeded'|'rate', now_ms, what, retry_after_ms, <budget state>,
---                    <rate state>}  where `what` is the budget field or '<level tag>:rpm|tpm'
+-- Reply, refused:   {'busy'|'exceeded'|'never'|'rate', now_ms, what, retry_after_ms,
+--                    <budget state>, <rate state>}  where `what` is the budget field or
+--                    '<level tag>:rpm|tpm'. 'never': the input and the least output exceed that
+--                    budget's whole limit even with nothing used; no retry helps (retry 0).
 -- Reply, bad clock: {'clock', now_ms}  (a window the client named does not contain now)
+-- Reply, too late:  {'late', now_ms}   (now is past `na`: the caller has given up waiting, so
+--                                       nothing is reserved; a reply it reads means its clock
+--                                       guess was off and it may call again)
+-- Reply, windows:   {'windows', now_ms, spec...}  (an expired hold needs these windows named)
 -- Reply, reused id: {'settled', now_ms}  (this id was settled already; nothing changes)
+--                   {'expired', now_ms}  (this id expired and was charged; nothing changes)
 -- <budget state> = n, then n pairs (remaining, reset_ms) in the order of ARGV b
 -- <rate state>   = m, then m quads (rpm_remaining, rpm_reset_ms, tpm_remaining, tpm_reset_ms);
 --                  -1 where that limit is not set
 --
 -- Output is reserved up to the estimate `o`. At the tail of a budget (the estimate would not fit
 -- even with nothing in flight) it is shrunk to what the budgets still hold, but never below
--- `mo`. A refusal that would fit with nothing in flight is 'busy', otherwise 'exceeded'.
+-- `mo`. A refusal that would fit with nothing in flight is 'busy'; one that would not fit even
+-- with nothing used is 'never'; otherwise 'exceeded'.
 -- A refused request changes nothing but the reclaiming of expired reservations.
 -- Admitting an id that is already held is a replay (a client retry after a lost reply): it
 -- answers 'ok' with the existing reservation and reserves nothing more.
@@ -37,13 +47,16 @@ local rid, ttl = ARGV[1], tonumber(ARGV[2])
 local spec = cjson.decode(ARGV[3])
 local now = now_ms()
 if not windows_current(spec.w, now) then return {'clock', now} end
-if redis.call('EXISTS', KEYS[5]) == 1 then return {'settled', now} end
-reclaim(KEYS[1], KEYS[2], KEYS[3], now)
+if redis.call('EXISTS', KEYS[8]) == 1 then return {'settled', now} end
+if redis.call('HEXISTS', KEYS[K_EXPIRED], rid) == 1 then return {'expired', now} end
+if (spec.na or 0) > 0 and now > spec.na then return {'late', now} end
+local used_keys = used_keys_from(9)
+local missing = reclaim(now, spec, used_keys)
+if missing then return needs_windows(now, missing) end
 
-local used_keys = used_keys_from(6)
-local held = redis.call('HGET', KEYS[2], rid)
+local held = redis.call('HGET', KEYS[K_RES], rid)
 if held then
-  local used, reserved = read_counts(KEYS[1], used_keys, spec.b)
+  local used, reserved = read_counts(used_keys, spec.b)
   local reply = {'ok', now, cjson.decode(held).o}
   append_budget_state(reply, spec.b, spec.w, used, reserved, now)
   table.insert(reply, 0)
@@ -60,7 +73,7 @@ local refusal = nil
 for _, r in ipairs(spec.r) do
   local tag, rpm, tpm = r[1], r[2], r[3]
   local st = {tag = tag}
-  local f = redis.call('HMGET', KEYS[4], tag .. ':rw', tag .. ':rc', tag .. ':rp', tag .. ':tb', tag .. ':tt')
+  local f = redis.call('HMGET', KEYS[K_RL], tag .. ':rw', tag .. ':rc', tag .. ':rp', tag .. ':tb', tag .. ':tt')
   -- Sliding window: this minute's count plus last minute's, weighted by how much of it overlaps.
   local win = math.floor(now / minute)
   local w, c, p = tonumber(f[1] or '-1'), tonumber(f[2] or '0'), tonumber(f[3] or '0')
@@ -107,7 +120,7 @@ for _, r in ipairs(spec.r) do
   rates[#rates + 1] = st
 end
 
-local used, reserved = read_counts(KEYS[1], used_keys, spec.b)
+local used, reserved = read_counts(used_keys, spec.b)
 
 local function budget_reply(kind, what, retry)
   local reply = {kind, now, what, retry}
@@ -152,6 +165,14 @@ if out < min_out then
   if fit_idle >= min_out then
     return budget_reply('busy', spec.b[tight][1], 1000)
   end
+  -- Larger than the whole budget: it would not fit even with nothing used or held.
+  for _, b in ipairs(spec.b) do
+    local room = b[3] - amount(b[2], est_in, 0, pin, pout)
+    local per = per_output(b[2], pout)
+    if (per == 0 and room < 0) or (per > 0 and math.floor(room / per) < min_out) then
+      return budget_reply('never', b[1], 0)
+    end
+  end
   local b = spec.b[tight_idle]
   return budget_reply('exceeded', b[1], spec.w[b[4]][2] - now)
 end
@@ -161,26 +182,29 @@ local bucket_take = est_in + out
 local bucket_levels = {}
 for _, st in ipairs(rates) do
   local tag = st.tag
-  redis.call('HSET', KEYS[4], tag .. ':rw', st.win, tag .. ':rc', st.c + 1, tag .. ':rp', st.p)
+  redis.call('HSET', KEYS[K_RL], tag .. ':rw', st.win, tag .. ':rc', st.c + 1, tag .. ':rp', st.p)
   if st.tpm then
-    redis.call('HSET', KEYS[4], tag .. ':tb', st.tokens - bucket_take, tag .. ':tt', now)
+    redis.call('HSET', KEYS[K_RL], tag .. ':tb', st.tokens - bucket_take, tag .. ':tt', now)
     bucket_levels[#bucket_levels + 1] = {tag, st.tpm}
   end
 end
-if #rates > 0 then keep_alive(2 * minute, KEYS[4]) end
+if #rates > 0 then keep_alive(2 * minute, KEYS[K_RL]) end
 
 local fields, dims = {}, {}
 for i, b in ipairs(spec.b) do
   local a = amount(b[2], est_in, out, pin, pout)
-  if a ~= 0 then redis.call('HINCRBY', KEYS[1], b[1], a) end
+  if a ~= 0 then redis.call('HINCRBY', KEYS[K_RESERVED], b[1], a) end
   reserved[i] = reserved[i] + a
   fields[i], dims[i] = b[1], b[2]
 end
+local levels = spec.lv or {}
+for _, tag in ipairs(levels) do redis.call('HINCRBY', KEYS[K_LIVE], tag, 1) end
 local rec = {f = fields, d = dims, i = est_in, o = out, pi = pin, po = pout,
-             tb = bucket_take, r = bucket_levels, m = spec.m}
-redis.call('HSET', KEYS[2], rid, cjson.encode(rec))
-redis.call('ZADD', KEYS[3], now + ttl, rid)
-keep_alive(ttl + minute, KEYS[1], KEYS[2], KEYS[3])
+             tb = bucket_take, r = bucket_levels, m = spec.m, lv = levels,
+             x = (spec.x == 1) and 1 or 0}
+redis.call('HSET', KEYS[K_RES], rid, cjson.encode(rec))
+redis.call('ZADD', KEYS[K_EXP], now + ttl, rid)
+keep_alive(ttl + minute, KEYS[K_RESERVED], KEYS[K_RES], KEYS[K_EXP], KEYS[K_LIVE])
 
 local reply = {'ok', now, out}
 append_budget_state(reply, spec.b, spec.w, used, reserved, now)

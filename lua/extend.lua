@@ -1,15 +1,15 @@
 -- extend.lua: grow a live reservation by up to N output tokens, or refuse; refresh its expiry.
 --
--- KEYS[1]  hc:{root}:reserved   hash  budget field -> held amount
--- KEYS[2]  hc:{root}:res        hash  reservation id -> JSON record
--- KEYS[3]  hc:{root}:exp        zset  reservation id -> expiry, epoch ms
--- KEYS[4..] hc:{root}:u:<window spec>:<window id>  hash  budget field -> used
+-- KEYS[1..7] the ledger keys every script takes (lib.lua: reserved, res, exp, rl, expired,
+--            expired_at, live)
+-- KEYS[8..]  hc:{root}:u:<window spec>:<window id>  hash  budget field -> used
 --
 -- ARGV[1]  reservation id
 -- ARGV[2]  output tokens wanted (0 only refreshes the expiry: a heartbeat for slow streams)
 -- ARGV[3]  least output tokens worth granting (grant = min(wanted, what fits) if >= this)
 -- ARGV[4]  reservation TTL, ms, counted from now
--- ARGV[5]  JSON: {b: [[field, dim, limit, used_key_index]...], w: [[start_ms, end_ms]...]}
+-- ARGV[5]  JSON: {b: [[field, dim, limit, used_key_index]...], w: [[start_ms, end_ms, spec]...],
+--                 xm: ms an expiry charge is remembered}
 --
 -- Units: tokens; money in integer nano-USD; times in epoch ms from the server's TIME.
 --
@@ -18,6 +18,7 @@
 -- Reply, gone:      {'gone', now_ms}   the reservation expired and was reclaimed (or settled):
 --                                      it is NOT recreated, the caller must stop
 -- Reply, bad clock: {'clock', now_ms}
+-- Reply, windows:   {'windows', now_ms, spec...}  (an expired hold needs these windows named)
 -- <budget state> = n, then n pairs (remaining, reset_ms) in the order of ARGV b
 
 local rid, want, least, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -25,13 +26,15 @@ least = math.max(math.min(least, want), 1)  -- never ask for more than is wanted
 local spec = cjson.decode(ARGV[5])
 local now = now_ms()
 if not windows_current(spec.w, now) then return {'clock', now} end
-reclaim(KEYS[1], KEYS[2], KEYS[3], now)
+local used_keys = used_keys_from(8)
+local missing = reclaim(now, spec, used_keys)
+if missing then return needs_windows(now, missing) end
 
-local raw = redis.call('HGET', KEYS[2], rid)
+local raw = redis.call('HGET', KEYS[K_RES], rid)
 if not raw then return {'gone', now} end
 local rec = cjson.decode(raw)
 
-local used, reserved = read_counts(KEYS[1], used_keys_from(4), spec.b)
+local used, reserved = read_counts(used_keys, spec.b)
 local grant, tight = want, nil
 for i, b in ipairs(spec.b) do
   local per = per_output(b[2], rec.po)
@@ -49,14 +52,14 @@ end
 if grant > 0 then
   for i, b in ipairs(spec.b) do
     local a = grant * per_output(b[2], rec.po)
-    if a ~= 0 then redis.call('HINCRBY', KEYS[1], b[1], a) end
+    if a ~= 0 then redis.call('HINCRBY', KEYS[K_RESERVED], b[1], a) end
     reserved[i] = reserved[i] + a
   end
   rec.o = rec.o + grant
-  redis.call('HSET', KEYS[2], rid, cjson.encode(rec))
+  redis.call('HSET', KEYS[K_RES], rid, cjson.encode(rec))
 end
-redis.call('ZADD', KEYS[3], 'XX', now + ttl, rid)
-keep_alive(ttl + 60000, KEYS[1], KEYS[2], KEYS[3])
+redis.call('ZADD', KEYS[K_EXP], 'XX', now + ttl, rid)
+keep_alive(ttl + 60000, KEYS[K_RESERVED], KEYS[K_RES], KEYS[K_EXP], KEYS[K_LIVE])
 
 local reply = {'ok', now, grant, rec.o}
 return append_budget_state(reply, spec.b, spec.w, used, reserved, now)

@@ -7,7 +7,28 @@
 --   * time comes from the server: now_ms() reads TIME, never a client clock;
 --   * tokens are integers, money is integer nano-USD;
 --   * a budget spec row is {field, dim, limit, used_key_index}; dim is 'in' | 'out' | 'tot' | 'usd';
---   * a window row is {start_ms, end_ms} of the window the client computed for each used key.
+--     a field is '<level tag>:<dim>:<window spec>', so its window spec is its last part;
+--   * a window row is {start_ms, end_ms, window spec} of the window the client computed for each
+--     used key; the rows past the scope's own are windows only reclaim needs (see reclaim);
+--   * every ledger script takes the same first seven keys, all under the hierarchy's hash tag:
+local K_RESERVED = 1    -- hc:{root}:reserved    hash  budget field -> amount held by live holds
+local K_RES = 2         -- hc:{root}:res         hash  reservation id -> JSON record
+local K_EXP = 3         -- hc:{root}:exp         zset  reservation id -> expiry, epoch ms
+local K_RL = 4          -- hc:{root}:rl          hash  rate-limit state per level
+local K_EXPIRED = 5     -- hc:{root}:expired     hash  reservation id -> JSON: what expiry charged
+local K_EXPIRED_AT = 6  -- hc:{root}:expired_at  zset  reservation id -> when that is forgotten
+local K_LIVE = 7        -- hc:{root}:live        hash  level tag -> live reservations holding on it
+--
+-- A reservation record (K_RES): {f: fields, d: dims, i: input, o: output held, pi/po: prices,
+--   tb: tokens the buckets gave, r: [[level tag, tpm]...], m: meta, lv: level tags,
+--   x: 1 to be charged (not refunded) when it expires}
+-- An expiry record (K_EXPIRED): {c: [[field, dim, used key]...] charged, i, o, pi, po: the counts
+--   and prices charged, r: bucket levels, m: meta, e: 1 (an estimate: the provider's count never
+--   arrived)}
+
+local DAY_MS = 86400000
+local RECLAIM_BATCH = 256
+local FORGET_BATCH = 64
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -38,42 +59,138 @@ local function windows_current(windows, now)
   return true
 end
 
--- Release a reservation record's amounts from the reserved hash.
-local function release(k_reserved, rec)
-  for i, f in ipairs(rec.f) do
-    local a = amount(rec.d[i], rec.i, rec.o, rec.pi, rec.po)
-    if a ~= 0 then redis.call('HINCRBY', k_reserved, f, -a) end
-  end
+local function window_of(field)
+  return string.match(field, '[^:]+$')
 end
 
--- Return expired reservations to the tenant. Bounded per call so one call never stalls the server.
-local function reclaim(k_reserved, k_res, k_exp, now)
-  local expired = redis.call('ZRANGEBYSCORE', k_exp, '-inf', now, 'LIMIT', 0, 256)
-  for _, rid in ipairs(expired) do
-    local raw = redis.call('HGET', k_res, rid)
-    if raw then
-      release(k_reserved, cjson.decode(raw))
-      redis.call('HDEL', k_res, rid)
-    end
-    redis.call('ZREM', k_exp, rid)
-  end
-  return #expired
-end
-
--- Keep the reservation keys alive at least `ms`: they vanish by themselves once traffic stops,
--- and by then every reservation in them has expired.
+-- Keep keys alive at least `ms`: they vanish by themselves once traffic stops, and by then
+-- every reservation in them has expired.
 local function keep_alive(ms, ...)
   for _, k in ipairs({...}) do
     if redis.call('PEXPIRE', k, ms, 'NX') == 0 then redis.call('PEXPIRE', k, ms, 'GT') end
   end
 end
 
+-- Add `n` to a used key's field; the key outlives its window by a day (for late reads).
+local function charge(used_key, window_end, field, n)
+  if n ~= 0 then redis.call('HINCRBY', used_key, field, n) end
+  redis.call('PEXPIREAT', used_key, window_end + DAY_MS, 'NX')
+end
+
+-- Release a reservation record's amounts from the reserved hash and its live counts.
+local function release(rec)
+  for i, f in ipairs(rec.f) do
+    local a = amount(rec.d[i], rec.i, rec.o, rec.pi, rec.po)
+    if a ~= 0 then redis.call('HINCRBY', KEYS[K_RESERVED], f, -a) end
+  end
+  for _, tag in ipairs(rec.lv or {}) do
+    if redis.call('HINCRBY', KEYS[K_LIVE], tag, -1) <= 0 then redis.call('HDEL', KEYS[K_LIVE], tag) end
+  end
+end
+
+-- Correct token buckets by `delta` tokens more (or fewer) used than they gave.
+local function correct_buckets(levels, delta, now)
+  for _, lvl in ipairs(levels or {}) do
+    local tag, tpm = lvl[1], lvl[2]
+    local f = redis.call('HMGET', KEYS[K_RL], tag .. ':tb', tag .. ':tt')
+    local tokens, last = tonumber(f[1] or tpm), tonumber(f[2] or now)
+    tokens = math.min(tpm, tokens + math.max(now - last, 0) * tpm / 60000) - delta
+    redis.call('HSET', KEYS[K_RL], tag .. ':tb', math.min(tokens, tpm), tag .. ':tt', now)
+  end
+end
+
+-- The used key and window end of each window spec the caller named.
+local function windows_by_spec(windows, used_keys)
+  local by = {}
+  for j, w in ipairs(windows) do by[w[3]] = {used_keys[j], w[2]} end
+  return by
+end
+
+-- Charge an expired reservation its hold, in the windows current now, and remember what was
+-- charged so that a settle arriving after all charges only the difference.
+-- (The usage record of a request whose settle never came is to be written here, from rec.m,
+-- marked as an estimate: e = 1.)
+local function charge_expired(rid, rec, by, now, memory)
+  local rows = {}
+  for i, f in ipairs(rec.f) do
+    local w = by[window_of(f)]
+    charge(w[1], w[2], f, amount(rec.d[i], rec.i, rec.o, rec.pi, rec.po))
+    rows[i] = {f, rec.d[i], w[1]}
+  end
+  correct_buckets(rec.r, rec.i + rec.o - rec.tb, now)
+  local x = {c = rows, i = rec.i, o = rec.o, pi = rec.pi, po = rec.po, r = rec.r, m = rec.m, e = 1}
+  redis.call('HSET', KEYS[K_EXPIRED], rid, cjson.encode(x))
+  redis.call('ZADD', KEYS[K_EXPIRED_AT], now + memory, rid)
+  keep_alive(memory + 60000, KEYS[K_EXPIRED], KEYS[K_EXPIRED_AT])
+end
+
+-- Forget expiry records older than the settle memory: a settle that late is not expected.
+local function forget_expired(now)
+  local old = redis.call('ZRANGEBYSCORE', KEYS[K_EXPIRED_AT], '-inf', now, 'LIMIT', 0, FORGET_BATCH)
+  for _, rid in ipairs(old) do
+    redis.call('HDEL', KEYS[K_EXPIRED], rid)
+    redis.call('ZREM', KEYS[K_EXPIRED_AT], rid)
+  end
+end
+
+-- Settle expired reservations, earliest first, at most a batch per call so one call never
+-- stalls the server: a reservation admitted with x = 1 is CHARGED its hold (the gateway's own
+-- upper estimate of what the provider generated before the stream was lost) to the windows
+-- current now; any other is returned to the tenant.
+-- An expired reservation of another scope in this hierarchy may count against a window the
+-- caller did not name, whose key is then not in KEYS. Then nothing changes and the missing
+-- window specs are returned: the script answers {'windows', now, spec...} and the client
+-- calls again naming them too. Returns nil when done.
+local function reclaim(now, spec, used_keys)
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[K_EXP], '-inf', now, 'LIMIT', 0, RECLAIM_BATCH)
+  if #expired > 0 then
+    local by = windows_by_spec(spec.w, used_keys)
+    local recs, missing, seen = {}, nil, {}
+    for i, rid in ipairs(expired) do
+      local raw = redis.call('HGET', KEYS[K_RES], rid)
+      if raw then
+        local rec = cjson.decode(raw)
+        recs[i] = rec
+        if rec.x == 1 then
+          for _, f in ipairs(rec.f) do
+            local ws = window_of(f)
+            if not by[ws] and not seen[ws] then
+              seen[ws] = true
+              missing = missing or {}
+              table.insert(missing, ws)
+            end
+          end
+        end
+      end
+    end
+    if missing then return missing end
+    for i, rid in ipairs(expired) do
+      local rec = recs[i]
+      if rec then
+        release(rec)
+        if rec.x == 1 then charge_expired(rid, rec, by, now, spec.xm) end
+        redis.call('HDEL', KEYS[K_RES], rid)
+      end
+      redis.call('ZREM', KEYS[K_EXP], rid)
+    end
+  end
+  forget_expired(now)
+  return nil
+end
+
+-- The reply of a script that could not reclaim: the window specs it needs named.
+local function needs_windows(now, missing)
+  local reply = {'windows', now}
+  for _, ws in ipairs(missing) do table.insert(reply, ws) end
+  return reply
+end
+
 -- Read each budget's used and reserved counts: returns two arrays aligned with `budgets`.
-local function read_counts(k_reserved, used_keys, budgets)
+local function read_counts(used_keys, budgets)
   local used, reserved = {}, {}
   for i, b in ipairs(budgets) do
     used[i] = tonumber(redis.call('HGET', used_keys[b[4]], b[1]) or '0')
-    reserved[i] = tonumber(redis.call('HGET', k_reserved, b[1]) or '0')
+    reserved[i] = tonumber(redis.call('HGET', KEYS[K_RESERVED], b[1]) or '0')
   end
   return used, reserved
 end

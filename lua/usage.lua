@@ -1,23 +1,35 @@
 -- usage.lua: read used, reserved and reset for each budget, after reclaiming expired reservations.
 --
--- KEYS[1]  hc:{root}:reserved   hash  budget field -> held amount
--- KEYS[2]  hc:{root}:res        hash  reservation id -> JSON record
--- KEYS[3]  hc:{root}:exp        zset  reservation id -> expiry, epoch ms
--- KEYS[4..] hc:{root}:u:<window spec>:<window id>  hash  budget field -> used
+-- KEYS[1..7] the ledger keys every script takes (lib.lua: reserved, res, exp, rl, expired,
+--            expired_at, live)
+-- KEYS[8..]  hc:{root}:u:<window spec>:<window id>  hash  budget field -> used
 --
--- ARGV[1]  JSON: {b: [[field, dim, limit, used_key_index]...], w: [[start_ms, end_ms]...]}
+-- ARGV[1]  JSON: {b: [[field, dim, limit, used_key_index]...], w: [[start_ms, end_ms, spec]...],
+--                 xm: ms an expiry charge is remembered, lv: level tags whose live count to read}
 --
 -- Units: tokens; money in integer nano-USD; times in epoch ms from the server's TIME.
 --
--- Reply:            {'ok', now_ms, live_reservations, n, then n triples (used, reserved, reset_ms)}
+-- Reply:            {'ok', now_ms, m, then m live counts (reservations holding on each level of
+--                    ARGV lv, in order), n, then n triples (used, reserved, reset_ms)}
 -- Reply, bad clock: {'clock', now_ms}
+-- Reply, windows:   {'windows', now_ms, spec...}  (an expired hold needs these windows named)
+--
+-- Live counts are per level, never the hierarchy's whole set: a tenant sees its own requests in
+-- flight, not its siblings' in the same org.
 
 local spec = cjson.decode(ARGV[1])
 local now = now_ms()
 if not windows_current(spec.w, now) then return {'clock', now} end
-reclaim(KEYS[1], KEYS[2], KEYS[3], now)
-local used, reserved = read_counts(KEYS[1], used_keys_from(4), spec.b)
-local reply = {'ok', now, redis.call('ZCARD', KEYS[3]), #spec.b}
+local used_keys = used_keys_from(8)
+local missing = reclaim(now, spec, used_keys)
+if missing then return needs_windows(now, missing) end
+local used, reserved = read_counts(used_keys, spec.b)
+local levels = spec.lv or {}
+local reply = {'ok', now, #levels}
+for _, tag in ipairs(levels) do
+  table.insert(reply, tonumber(redis.call('HGET', KEYS[K_LIVE], tag) or '0'))
+end
+table.insert(reply, #spec.b)
 for i, b in ipairs(spec.b) do
   table.insert(reply, used[i])
   table.insert(reply, reserved[i])

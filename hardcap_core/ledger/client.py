@@ -6,10 +6,18 @@ past a limit: it charges what was really billed. Admit then refuses, and extend 
 budget beyond its limit.) This module turns scopes into keys and arguments and calls the
 scripts; :mod:`.replies` turns replies into typed results, so callers never see a raw reply.
 Connection failures become :class:`LedgerUnavailable` in :mod:`.connection` and nowhere else.
+
+A reservation whose settle never comes (its instance died) expires after the TTL. Admitted with
+``charge_on_expiry``, it is then charged its hold (the gateway's own upper estimate of what the
+provider generated) instead of being returned; a settle that arrives after all charges only the
+difference. An admit carries the latest server time it may still reserve at (its "not after":
+the expected server time plus the call's timeout, less a margin), so an admit that ran after the
+caller gave up (a frozen server that resumed) reserves nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -18,11 +26,12 @@ from typing import Any
 
 from hardcap_core.budgets import Prices, Scope
 from hardcap_core.errors import LedgerProtocolError, LedgerUnavailable
-from hardcap_core.ledger.connection import guarded
-from hardcap_core.ledger.keys import Keyspace
+from hardcap_core.ledger.connection import SOCKET_TIMEOUT_S, guarded
+from hardcap_core.ledger.keys import Keyspace, tenant_of, window_of_spec
 from hardcap_core.ledger.replies import (
     NO_META,
     AdmitResult,
+    Consensus,
     EstimatorStats,
     ExtendResult,
     Reservation,
@@ -31,6 +40,7 @@ from hardcap_core.ledger.replies import (
     Unguarded,
     Usage,
     parse_admit,
+    parse_consensus,
     parse_estimator,
     parse_extend,
     parse_settle,
@@ -40,10 +50,16 @@ from hardcap_core.ledger.scripts import Script, Scripts
 
 DEFAULT_RESERVATION_TTL_S = 120.0
 FREE = Prices()
-SETTLE_MEMORY_MS = 24 * 3600 * 1000
-_CLOCK_RETRIES = 3
+SETTLE_MEMORY_MS = 24 * 3600 * 1000  # also how long an expiry charge waits for a late settle
+# An admit must run this long before its caller gives up for the reservation to be made, so a
+# reply already on its way still arrives in time (server time lagging the guess helps too).
+LATE_MARGIN_MS = 500
+# Calls again after a 'clock' (wrong window guess), 'late' (read in time, so the clock guess was
+# off) or 'windows' (an expired hold needs more windows named) reply.
+_ATTEMPTS = 5
 
-Build = Callable[[int], tuple[list[str], list[Any]]]
+# (server time guess, extra window specs) -> (keys, args)
+Build = Callable[[int, tuple[str, ...]], tuple[list[str], list[Any]]]
 
 
 class Ledger:
@@ -58,11 +74,15 @@ class Ledger:
         *,
         reservation_ttl_s: float = DEFAULT_RESERVATION_TTL_S,
         prefix: str = "hc",
+        call_timeout_s: float = SOCKET_TIMEOUT_S,
     ) -> None:
         self.client = client
         self.scripts = Scripts.register(client)
         self.keys = Keyspace(prefix)
         self.ttl_ms = int(reservation_ttl_s * 1000)
+        # How long after sending a call gives up (the client's socket timeout); an admit must
+        # run before then, less LATE_MARGIN_MS, or reserve nothing.
+        self.call_timeout_ms = int(call_timeout_s * 1000)
         # Server time minus local time, learned from every reply; only used to guess which
         # window keys to name. The scripts check the guess against the server's own clock.
         self._offset_ms = 0
@@ -80,12 +100,18 @@ class Ledger:
         reservation_id: str | None = None,
         fail_open: bool = False,
         meta: ReservationMeta = NO_META,
+        charge_on_expiry: bool = False,
     ) -> AdmitResult:
         """Check rate limits and every budget of ``scope``; reserve the estimate if it fits.
 
         Output is reserved up to ``output_estimate``, shrunk to what the budgets still hold, but
         never below ``min_output`` (default: the whole estimate, i.e. no shrinking). ``meta``
-        goes on the reservation record for the usage record its settle writes.
+        goes on the reservation record for the usage record its settle writes (its tenant is
+        filled from ``scope`` when empty).
+        ``charge_on_expiry``: if no settle comes before the hold expires, charge the hold (the
+        caller's upper estimate of what the provider generated) instead of returning it.
+        Refused with ``never_fits`` when the input and least output exceed a budget's whole
+        limit. An admit the server runs after this call gave up reserves nothing.
         If the server cannot be reached: :class:`Unguarded` when ``fail_open``, else raise
         :class:`LedgerUnavailable`.
         """
@@ -93,6 +119,9 @@ class Ledger:
             raise ValueError("input_tokens must be >= 0 and output_estimate >= 1")
         least = output_estimate if min_output is None else max(1, min(min_output, output_estimate))
         rid = reservation_id or uuid.uuid4().hex
+        tenant = tenant_of(scope)
+        if not meta.tenant and tenant:
+            meta = dataclasses.replace(meta, tenant=tenant)
         rates = [
             [r.level.tag, r.requests_per_minute or 0, r.tokens_per_minute or 0]
             for r in scope.rate_limits
@@ -105,12 +134,14 @@ class Ledger:
             "pi": prices.input_nusd,
             "po": prices.output_nusd,
             "m": meta.record(),
+            "x": 1 if charge_on_expiry else 0,
+            "lv": [level.tag for level in scope.levels],
         }
 
-        def build(now_ms: int) -> tuple[list[str], list[Any]]:
-            used_keys, spec = self._budget_spec(scope, now_ms)
-            spec.update(extra)
-            keys = [*self.keys.core(scope), self.keys.settled(scope, rid), *used_keys]
+        def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
+            used_keys, spec = self._budget_spec(scope, now_ms, more)
+            spec.update(extra, na=now_ms + self.call_timeout_ms - LATE_MARGIN_MS)
+            keys = [*self.keys.ledger(scope), self.keys.settled(scope, rid), *used_keys]
             return keys, [rid, self.ttl_ms, _dumps(spec)]
 
         try:
@@ -133,9 +164,9 @@ class Ledger:
             raise ValueError("tokens must be >= 0")
         scope = reservation.scope
 
-        def build(now_ms: int) -> tuple[list[str], list[Any]]:
-            used_keys, spec = self._budget_spec(scope, now_ms)
-            keys = self.keys.core(scope)[:3] + used_keys
+        def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
+            used_keys, spec = self._budget_spec(scope, now_ms, more)
+            keys = self.keys.ledger(scope) + used_keys
             return keys, [reservation.id, tokens, least, self.ttl_ms, _dumps(spec)]
 
         return parse_extend(await self._run(self.scripts.extend, build), scope)
@@ -143,14 +174,17 @@ class Ledger:
     async def settle(
         self, reservation: Reservation, *, input_tokens: int, output_tokens: int
     ) -> Settled:
-        """Release ``reservation`` and charge the real counts. Retry-safe: never charges twice."""
+        """Release ``reservation`` and charge the real counts. Retry-safe: never charges twice.
+
+        If the hold expired and was charged at expiry, only the difference is charged
+        (:attr:`Settled.expiry_charged`)."""
         scope = reservation.scope
         prices = reservation.prices
 
-        def build(now_ms: int) -> tuple[list[str], list[Any]]:
-            used_keys, spec = self._budget_spec(scope, now_ms)
+        def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
+            used_keys, spec = self._budget_spec(scope, now_ms, more)
             spec.update(pi=prices.input_nusd, po=prices.output_nusd)
-            keys = [*self.keys.core(scope), self.keys.settled(scope, reservation.id), *used_keys]
+            keys = [*self.keys.ledger(scope), self.keys.settled(scope, reservation.id), *used_keys]
             args = [
                 reservation.id,
                 max(input_tokens, 0),
@@ -163,27 +197,50 @@ class Ledger:
         return parse_settle(await self._run(self.scripts.settle, build), scope)
 
     async def usage(self, scope: Scope) -> Usage:
-        """Used, reserved and reset of every budget in ``scope`` (expired holds reclaimed first)."""
+        """Used, reserved and reset of every budget in ``scope`` (expired holds reclaimed first),
+        and the live reservations of each of its levels (its tenant's as ``live_reservations``)."""
 
-        def build(now_ms: int) -> tuple[list[str], list[Any]]:
-            used_keys, spec = self._budget_spec(scope, now_ms)
-            return self.keys.core(scope)[:3] + used_keys, [_dumps(spec)]
+        def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
+            used_keys, spec = self._budget_spec(scope, now_ms, more)
+            spec["lv"] = [level.tag for level in scope.levels]
+            return self.keys.ledger(scope) + used_keys, [_dumps(spec)]
 
         return parse_usage(await self._run(self.scripts.usage, build), scope)
 
-    async def estimator_stats(self, route: str) -> EstimatorStats:
-        """The shared output-length quantile of ``route`` (0 and 0 before any sample)."""
-        _, stats_key = self.keys.estimator(route)
+    async def estimator_stats(self, route: str, tenant: str | None = None) -> EstimatorStats:
+        """The output-length quantile of ``route``: ``tenant``'s own sample, or with no tenant
+        the route's pooled one (0 and 0 before any sample)."""
+        _, stats_key = self.keys.estimator(route, tenant)
         raw = await guarded(self.client.hmget(stats_key, "q", "n"))
         return EstimatorStats(int(float(raw[0] or 0)), int(raw[1] or 0))
 
     async def record_output(
-        self, route: str, tokens: int, *, keep: int, quantile: float, recompute_every: int
+        self,
+        route: str,
+        tokens: int,
+        *,
+        keep: int,
+        quantile: float,
+        recompute_every: int,
+        tenant: str | None = None,
     ) -> EstimatorStats:
-        """Add one completed reply's output length to ``route``'s shared sample."""
-        keys = self.keys.estimator(route)
+        """Add one completed reply's output length to ``tenant``'s sample of ``route`` (with no
+        tenant: the route's pooled sample)."""
+        keys = self.keys.estimator(route, tenant)
         args: list[Any] = [tokens, keep, quantile, recompute_every]
         return parse_estimator(await guarded(self.scripts.estimator_record(keys=keys, args=args)))
+
+    async def vote_output(self, route: str, tenant: str, value: int) -> Consensus:
+        """Set ``tenant``'s vote on ``route``'s consensus to its own quantile (0 withdraws)."""
+        keys = self.keys.estimator_votes(route)
+        reply = await guarded(self.scripts.estimator_vote(keys=keys, args=[tenant, value]))
+        return parse_consensus(reply)
+
+    async def output_consensus(self, route: str) -> Consensus:
+        """The upper median of the tenants' quantiles on ``route`` and how many voted."""
+        _, consensus_key = self.keys.estimator_votes(route)
+        raw = await guarded(self.client.hmget(consensus_key, "q", "t"))
+        return Consensus(int(float(raw[0] or 0)), int(raw[1] or 0))
 
     async def ping(self) -> None:
         """Raise :class:`LedgerUnavailable` unless the server answers."""
@@ -195,28 +252,60 @@ class Ledger:
         """Best guess of the server's clock, from the offset seen in earlier replies."""
         return int(time.time() * 1000) + self._offset_ms
 
-    def _budget_spec(self, scope: Scope, now_ms: int) -> tuple[list[str], dict[str, Any]]:
-        windows = scope.windows()
+    def _budget_spec(
+        self, scope: Scope, now_ms: int, more: tuple[str, ...] = ()
+    ) -> tuple[list[str], dict[str, Any]]:
+        """Used keys and the common spec (b, w, xm) of ``scope``'s windows at ``now_ms``, then
+        of the windows ``more`` names (for expired holds of other scopes in the hierarchy)."""
+        windows = list(scope.windows())
         index = {w.spec: i for i, w in enumerate(windows)}
+        for spec in more:
+            if spec not in index:
+                index[spec] = len(windows)
+                windows.append(window_of_spec(spec))
         bounds = [w.bounds(now_ms) for w in windows]
         used_keys = [self.keys.used(scope, b.spec, b.id) for b in bounds]
         rows = [
             [b.field, b.dimension.short, b.limit, index[b.window.spec] + 1] for b in scope.budgets
         ]
-        return used_keys, {"b": rows, "w": [[b.start_ms, b.end_ms] for b in bounds]}
+        w = [[b.start_ms, b.end_ms, b.spec] for b in bounds]
+        return used_keys, {"b": rows, "w": w, "xm": SETTLE_MEMORY_MS}
 
     async def _run(self, script: Script, build: Build) -> list[Any]:
-        """Call ``script`` with keys and args built for the server's time; retry on 'clock'."""
-        for _ in range(_CLOCK_RETRIES):
-            keys, args = build(self.server_now_ms())
+        """Call ``script`` with keys and args built for the server's time; call again on
+        'clock' and 'late' (a better time guess) and 'windows' (naming those windows too)."""
+        more: tuple[str, ...] = ()
+        status = ""
+        for _ in range(_ATTEMPTS):
+            keys, args = build(self.server_now_ms(), more)
             reply = await guarded(script(keys=keys, args=args))
             if not isinstance(reply, list) or len(reply) < 2:
                 raise LedgerProtocolError(f"a script replied {reply!r}")
             reply = [x.decode() if isinstance(x, bytes) else x for x in reply]
             self._offset_ms = int(reply[1]) - int(time.time() * 1000)
-            if reply[0] != "clock":
+            status = reply[0]
+            if status == "windows":
+                more = (*more, *_window_specs(reply[2:], more))
+            elif status not in ("clock", "late"):
                 return reply
+        if status == "late":
+            raise LedgerUnavailable("the budget server answered too late to reserve")
+        if status == "windows":
+            raise LedgerProtocolError("a script kept asking for more windows")
         raise LedgerUnavailable("the budget server's clock keeps moving across a window boundary")
+
+
+def _window_specs(named: list[Any], known: tuple[str, ...]) -> list[str]:
+    """The window specs a 'windows' reply names that are not in ``known``, checked."""
+    out = []
+    for x in map(str, named):
+        try:
+            window_of_spec(x)
+        except ValueError as e:
+            raise LedgerProtocolError(f"a script asked for window {x!r}: {e}") from e
+        if x not in known and x not in out:
+            out.append(x)
+    return out
 
 
 def _dumps(spec: dict[str, Any]) -> str:

@@ -13,8 +13,16 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import (
+    ClusterDownError,
+    MasterDownError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisClusterException,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from hardcap_core.errors import LedgerProtocolError, LedgerUnavailable
@@ -22,6 +30,13 @@ from hardcap_core.errors import LedgerProtocolError, LedgerUnavailable
 T = TypeVar("T")
 # What a server that is down, restarting, failing over or too slow looks like to redis-py.
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, RedisClusterException, OSError)
+# Errors a server answers when it cannot serve now, not because the call is wrong: out of memory
+# (a write refused under maxmemory with noeviction), a replica after a failover, a cluster that
+# is down or migrating. To a tenant these are the budget server being unavailable, so its fail
+# mode decides (closed: 503, open: go ahead), not a 500. redis-py has no class for the others
+# (a script running too long, a failed snapshot, too few replicas), so their code decides.
+REFUSING = (OutOfMemoryError, ReadOnlyError, ClusterDownError, TryAgainError, MasterDownError)
+REFUSING_CODES = ("BUSY", "MISCONF", "NOREPLICAS")
 
 # A script call answers in well under a millisecond; a server that takes seconds is as good as
 # down, and the tenant's fail mode (closed: 503, open: go ahead) should decide quickly.
@@ -74,10 +89,16 @@ async def connect(url: str, *, cluster: bool = False) -> Any:
 
 async def guarded(call: Awaitable[T]) -> T:
     """Await a call to the budget server; its failures become :class:`LedgerUnavailable` (could
-    not reach it or no answer in time) or :class:`LedgerProtocolError` (it answered an error)."""
+    not reach it, no answer in time, or it cannot serve now: out of memory, read-only, cluster
+    down) or :class:`LedgerProtocolError` (it answered an error about the call: a script bug or
+    a version mismatch)."""
     try:
         return await call
     except UNREACHABLE as e:
         raise LedgerUnavailable(f"budget server unreachable: {e}") from e
+    except REFUSING as e:
+        raise LedgerUnavailable(f"budget server cannot serve now: {e}") from e
     except ResponseError as e:
+        if str(e).split(" ", 1)[0] in REFUSING_CODES:
+            raise LedgerUnavailable(f"budget server cannot serve now: {e}") from e
         raise LedgerProtocolError(f"budget server error: {e}") from e

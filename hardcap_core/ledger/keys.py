@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from hardcap_core.budgets import Scope
+from hardcap_core.budgets import LevelKind, Scope, Window
 
 
 class Keyspace:
@@ -20,12 +20,45 @@ class Keyspace:
         b = self._base(scope)
         return [f"{b}:reserved", f"{b}:res", f"{b}:exp", f"{b}:rl"]
 
+    def ledger(self, scope: Scope) -> list[str]:
+        """The keys every ledger script takes first (``lua/lib.lua`` names them K_*): reserved,
+        res, exp, rl, then expired (reservation id -> what expiry charged), expired_at (id ->
+        when that record is forgotten) and live (level tag -> live reservations on it)."""
+        b = self._base(scope)
+        return [*self.core(scope), f"{b}:expired", f"{b}:expired_at", f"{b}:live"]
+
     def settled(self, scope: Scope, rid: str) -> str:
         return f"{self._base(scope)}:s:{rid}"
 
     def used(self, scope: Scope, spec: str, window_id: str) -> str:
         return f"{self._base(scope)}:u:{spec}:{window_id}"
 
-    def estimator(self, route: str) -> list[str]:
-        b = f"{self.prefix}:{{est:{route}}}"
+    def estimator(self, route: str, tenant: str | None = None) -> list[str]:
+        """samples, stats of ``route``'s output-length sample: the tenant's own (in the slot of
+        the tenant's tag, ``{t:<tenant>}``), or with no tenant the route's pooled one."""
+        if tenant is None:
+            b = f"{self.prefix}:{{est:{route}}}"
+        else:
+            b = f"{self.prefix}:{{t:{tenant}}}:est:{route}"
         return [f"{b}:samples", f"{b}:stats"]
+
+    def estimator_votes(self, route: str) -> list[str]:
+        """votes (tenant -> its quantile), consensus ({q, t}) of ``route``, in the route's slot."""
+        b = f"{self.prefix}:{{est:{route}}}"
+        return [f"{b}:votes", f"{b}:consensus"]
+
+
+def window_of_spec(spec: str) -> Window:
+    """The window a key-name spec (``d``, ``m``, ``f<seconds>``: :attr:`Window.spec`) stands for."""
+    if spec == "d":
+        return Window("day")
+    if spec == "m":
+        return Window("month")
+    if spec.startswith("f") and spec[1:].isdigit():
+        return Window("fixed", int(spec[1:]))
+    raise ValueError(f"not a window spec: {spec!r}")
+
+
+def tenant_of(scope: Scope) -> str | None:
+    """The id of ``scope``'s tenant level, if it has one."""
+    return next((lv.id for lv in scope.levels if lv.kind is LevelKind.TENANT), None)

@@ -11,7 +11,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from hardcap_core.budgets import LEVEL_BY_SHORT, Budget, Level, Prices, RateLimit, Scope
+from hardcap_core.budgets import (
+    LEVEL_BY_SHORT,
+    NANO_USD_PER_USD,
+    Budget,
+    Dimension,
+    Level,
+    LevelKind,
+    Prices,
+    RateLimit,
+    Scope,
+)
 from hardcap_core.errors import LedgerProtocolError, ReservationReused
 
 
@@ -19,7 +29,9 @@ class Refusal(StrEnum):
     """Why an admission was refused; each maps to the 429 code the client sees."""
 
     BUSY = "budget_busy"  # would fit if nothing were in flight: retry in about a second
-    EXCEEDED = "budget_exceeded"  # spent for this window: retry when it resets
+    # spent for this window: retry when it resets; or (Refused.never_fits) larger than the
+    # whole budget, so no retry helps
+    EXCEEDED = "budget_exceeded"
     RATE_LIMITED = "rate_limited"  # requests or tokens per minute: retry when it refills
 
 
@@ -47,10 +59,17 @@ class ReservationMeta:
     model: str = ""  # the upstream model the request was sent to
     key_id: str = ""
     request_id: str = ""
+    tenant: str = ""  # the tenant id; Ledger.admit fills it from the scope when empty
 
     def record(self) -> dict[str, str]:
         """The record's fields as admit.lua stores them (short names: the record is JSON)."""
-        return {"rt": self.route, "md": self.model, "k": self.key_id, "rq": self.request_id}
+        return {
+            "rt": self.route,
+            "md": self.model,
+            "k": self.key_id,
+            "rq": self.request_id,
+            "tn": self.tenant,
+        }
 
 
 NO_META = ReservationMeta()
@@ -82,14 +101,22 @@ class Refused:
     level: Level
     dimension: str  # a budget dimension, or "requests" / "tokens" for rate limits
     budget: Budget | None
-    retry_after_ms: int
+    retry_after_ms: int  # 0 when never_fits: no wait helps
     budgets: tuple[BudgetState, ...]
     rates: tuple[RateState, ...]
     server_time_ms: int
+    # The request's input and least output exceed ``budget``'s whole limit even with nothing
+    # used (reason EXCEEDED): it can never be admitted as it is, whatever the window.
+    never_fits: bool = False
 
     @property
     def message(self) -> str:
         what = f"{self.dimension} budget of {self.level}"
+        if self.never_fits and self.budget is not None:
+            return (
+                f"This request is larger than the whole {what} ({_limit(self.budget)}), even "
+                "with nothing used: send fewer input tokens or a lower max_tokens."
+            )
         if self.reason is Refusal.BUSY:
             return f"The {what} is held by requests in flight; retry in about a second."
         if self.reason is Refusal.EXCEEDED:
@@ -136,6 +163,10 @@ class Settled:
     had_reservation: bool  # False if it expired and was reclaimed first (usage still charged)
     budgets: tuple[BudgetState, ...]
     server_time_ms: int
+    # The hold had expired and been CHARGED at expiry (admitted with charge_on_expiry) as an
+    # estimate; this settle charged only the difference to the real counts (a refund in the
+    # same window, never a refund into a later one). The usage record marks such a charge.
+    expiry_charged: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +184,15 @@ class UsageRow:
 @dataclass(frozen=True, slots=True)
 class Usage:
     rows: tuple[UsageRow, ...]
+    # Live reservations of the scope's tenant (its keys' requests in flight; without a tenant
+    # level, of the scope's first level): never the siblings' in the same org.
     live_reservations: int
     server_time_ms: int
+    live_by_level: tuple[tuple[Level, int], ...] = ()  # per level of the scope, key first
+
+    def live_of(self, kind: LevelKind) -> int | None:
+        """Live reservations holding on the scope's level of ``kind`` (None: no such level)."""
+        return next((n for lv, n in self.live_by_level if lv.kind is kind), None)
 
 
 AdmitResult = Admitted | Refused | Unguarded
@@ -169,7 +207,20 @@ class EstimatorStats:
     samples: int
 
 
-REFUSALS = {"busy": Refusal.BUSY, "exceeded": Refusal.EXCEEDED, "rate": Refusal.RATE_LIMITED}
+@dataclass(frozen=True, slots=True)
+class Consensus:
+    """The upper median of the tenants' own quantiles on a route, and how many tenants voted."""
+
+    value: int
+    tenants: int
+
+
+REFUSALS = {
+    "busy": Refusal.BUSY,
+    "exceeded": Refusal.EXCEEDED,
+    "never": Refusal.EXCEEDED,
+    "rate": Refusal.RATE_LIMITED,
+}
 
 
 class ReplyReader:
@@ -228,6 +279,8 @@ def parse_admit(reply: Sequence[Any], scope: Scope, reservation: Reservation) ->
     r = ReplyReader(scope, reply)
     if r.status == "settled":
         raise ReservationReused(f"reservation id {reservation.id!r} was settled already")
+    if r.status == "expired":
+        raise ReservationReused(f"reservation id {reservation.id!r} expired and was charged")
     if r.status == "ok":
         reserved = r.int()
         budgets = r.budget_states()
@@ -243,7 +296,7 @@ def parse_admit(reply: Sequence[Any], scope: Scope, reservation: Reservation) ->
     budgets = r.budget_states()
     return Refused(
         REFUSALS[r.status], level, dimension, budget, retry_after_ms, budgets, r.rate_states(),
-        r.now_ms,
+        r.now_ms, never_fits=r.status == "never",
     )  # fmt: skip
 
 
@@ -268,18 +321,37 @@ def parse_settle(reply: Sequence[Any], scope: Scope) -> Settled:
         return Settled(True, False, (), r.now_ms)
     if r.status != "ok":
         raise r.unexpected("settle")
-    had = bool(r.int())
-    return Settled(False, had, r.budget_states(), r.now_ms)
+    had, expiry_charged = bool(r.int()), bool(r.int())
+    return Settled(False, had, r.budget_states(), r.now_ms, expiry_charged=expiry_charged)
 
 
 def parse_usage(reply: Sequence[Any], scope: Scope) -> Usage:
-    """usage.lua: {'ok', now_ms, live reservations, n, then n (used, reserved, reset)}."""
+    """usage.lua: {'ok', now_ms, m, m live counts per level, n, then n (used, reserved, reset)}."""
     r = ReplyReader(scope, reply)
-    live, n = r.int(), r.int()
+    if r.status != "ok":
+        raise r.unexpected("usage")
+    m = r.int()
+    live = tuple((level, r.int()) for level in scope.levels[:m])
+    n = r.int()
     rows = tuple(UsageRow(b, r.int(), r.int(), r.int()) for b in scope.budgets[:n])
-    return Usage(rows, live, r.now_ms)
+    own = next((c for lv, c in live if lv.kind is LevelKind.TENANT), live[0][1] if live else 0)
+    return Usage(rows, own, r.now_ms, live)
 
 
 def parse_estimator(reply: Sequence[Any]) -> EstimatorStats:
     """estimator_record.lua: {quantile value, sample size}."""
     return EstimatorStats(int(reply[0]), int(reply[1]))
+
+
+def parse_consensus(reply: Sequence[Any]) -> Consensus:
+    """estimator_vote.lua: {consensus value, votes}."""
+    return Consensus(int(reply[0]), int(reply[1]))
+
+
+def _limit(budget: Budget) -> str:
+    """A budget's limit as a person reads it."""
+    w = budget.window
+    per = f"{w.seconds} s" if w.kind == "fixed" else w.kind
+    if budget.dimension is Dimension.COST_USD:
+        return f"${budget.limit / NANO_USD_PER_USD:g} per {per}"
+    return f"{budget.limit} tokens per {per}"

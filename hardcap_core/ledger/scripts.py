@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 LEDGER_SCRIPTS = ("admit", "extend", "settle", "usage")
-STANDALONE_SCRIPTS = ("estimator_record",)
+STANDALONE_SCRIPTS = ("estimator_record", "estimator_vote")
 
 
 def lua_dir() -> Path:
@@ -56,6 +56,7 @@ class Scripts:
     settle: Script
     usage: Script
     estimator_record: Script
+    estimator_vote: Script
 
     @classmethod
     def register(cls, client: Any) -> Scripts:

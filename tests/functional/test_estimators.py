@@ -120,3 +120,63 @@ async def test_recompute_every_sixteenth_sample_once_the_sample_is_large(ledger:
     await est.observe(ROUTE, 1000, truncated=False)
     assert await est.current(ROUTE) == (1000, 176)
     assert await ledger.client.llen(samples_key) == 176
+
+
+@pytest.mark.parametrize(("flood", "max_tokens"), [(1, 500), (4000, 8000)], ids=["short", "long"])
+async def test_one_tenants_replies_do_not_move_anothers_estimate(
+    ledger: Ledger, flood: int, max_tokens: int
+) -> None:
+    """Regression: the sample was per route across tenants, so one tenant's 60 streamed
+    max_tokens:1 replies cut another tenant's next output hold from 500 to 65."""
+    est = SharedP95Estimator(ledger, min_samples=50, cache_seconds=0)
+    for _ in range(60):
+        await est.observe(ROUTE, flood, truncated=False, tenant="a")
+    assert await est.estimate(ROUTE, max_tokens, tenant="a") == min(flood, max_tokens)
+    # Tenant b has no sample of its own, and one other tenant is no consensus: max_tokens, as
+    # with no traffic on the route at all.
+    assert await est.estimate(ROUTE, max_tokens, tenant="b") == max_tokens
+    for _ in range(50):
+        await est.observe(ROUTE, 200, truncated=False, tenant="b")
+    assert await est.estimate(ROUTE, max_tokens, tenant="b") == 200
+
+
+@pytest.mark.parametrize("flood", [1, 4000], ids=["short", "long"])
+async def test_the_route_consensus_resists_one_tenants_flood(ledger: Ledger, flood: int) -> None:
+    """A tenant without a sample of its own reserves the upper median of the tenants' p95s:
+    one vote per tenant, so a flood moves it only between the other tenants' values."""
+    est = SharedP95Estimator(ledger, min_samples=5, cache_seconds=0)
+    for tenant, value in (("t1", 300), ("t2", 320), ("t3", 340)):
+        for _ in range(5):
+            await est.observe(ROUTE, value, truncated=False, tenant=tenant)
+    assert await est.estimate(ROUTE, 4096, tenant="new") == 320
+    for _ in range(200):
+        await est.observe(ROUTE, flood, truncated=False, tenant="t1")
+    assert await est.estimate(ROUTE, 4096, tenant="t1") == flood  # its own sample follows it
+    assert 320 <= await est.estimate(ROUTE, 4096, tenant="new") <= 340
+
+
+async def test_a_consensus_needs_three_tenants(ledger: Ledger) -> None:
+    est = SharedP95Estimator(ledger, min_samples=5, cache_seconds=0)
+    for tenant in ("t1", "t2"):
+        await observe_all_for(est, tenant, [100] * 5)
+    assert await est.estimate(ROUTE, 4096, tenant="new") == 4096
+    await observe_all_for(est, "t3", [100] * 5)
+    assert await est.estimate(ROUTE, 4096, tenant="new") == 100
+    assert await est.estimate("other-route", 4096, tenant="new") == 4096
+
+
+async def test_a_tenants_sample_lives_in_its_own_slot(ledger: Ledger, other_ledger: Ledger) -> None:
+    """Two instances share a tenant's sample; its keys carry the tenant's hash tag."""
+    a = SharedP95Estimator(ledger, min_samples=10, cache_seconds=0)
+    b = SharedP95Estimator(other_ledger, min_samples=10, cache_seconds=0)
+    await observe_all_for(a, "acme", [100] * 5)
+    await observe_all_for(b, "acme", [300] * 5)
+    assert await a.estimate(ROUTE, 4096, tenant="acme") == 300
+    samples_key, stats_key = ledger.keys.estimator(ROUTE, "acme")
+    assert "{t:acme}" in samples_key and "{t:acme}" in stats_key
+    assert await ledger.client.llen(samples_key) == 10
+
+
+async def observe_all_for(est: SharedP95Estimator, tenant: str, values: list[int]) -> None:
+    for v in values:
+        await est.observe(ROUTE, v, truncated=False, tenant=tenant)

@@ -56,13 +56,34 @@ async def test_fail_open_goes_ahead_unguarded_and_fail_closed_raises(
         await private_ledger.admit(SC, input_tokens=1, output_estimate=1, fail_open=False)
     assert time.monotonic() - t < FAST_S
 
-    # Fail-open is for admission only: the other calls always say the server is gone.
+    # Fail-open is for admission only: the other calls always say the server is gone ...
     with pytest.raises(LedgerUnavailable):
         await private_ledger.usage(SC)
     with pytest.raises(LedgerUnavailable):
         await private_ledger.ping()
-    with pytest.raises(LedgerUnavailable):
-        await SharedP95Estimator(private_ledger, cache_seconds=0).estimate("route", 100)
+    # ... but the estimator, asked before the admission, falls back to max_tokens (the
+    # conservative value), so the admission and the tenant's fail mode decide. Regression: it
+    # raised, and the gateway answered 503 "fails closed" to fail-open tenants.
+    est = SharedP95Estimator(private_ledger, cache_seconds=0)
+    assert await est.estimate("route", 100, tenant="acme") == 100
+    assert await est.estimate("route", 100) == 100
+
+
+async def test_estimator_seen_down_does_not_ask_again_for_a_while(
+    server: LocalValkey, private_ledger: Ledger
+) -> None:
+    """While the server is down, each request would otherwise wait out a timeout twice (the
+    estimate, then the admission): the estimator takes it as down for ``cache_seconds``."""
+    port = server.port
+    server.stop()
+    est = SharedP95Estimator(private_ledger, min_samples=5, cache_seconds=30)
+    assert await est.estimate("route", 700, tenant="acme") == 700
+    with LocalValkey(port=port):
+        writer = SharedP95Estimator(private_ledger, min_samples=5, cache_seconds=0)
+        for _ in range(5):
+            await writer.observe("route", 40, truncated=False, tenant="acme")
+        assert await writer.estimate("route", 700, tenant="acme") == 40
+        assert await est.estimate("route", 700, tenant="acme") == 700  # did not ask
 
 
 async def test_unreachable_from_the_start() -> None:

@@ -250,3 +250,43 @@ async def test_reservation_ids_are_single_use(ledger: Ledger) -> None:
         await ledger.admit(sc, input_tokens=0, output_estimate=300, reservation_id="req-1")
     u = await ledger.usage(sc)
     assert (u.rows[0].used, u.rows[0].reserved, u.live_reservations) == (50, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("budget", "input_tokens", "estimate", "least", "prices"),
+    [
+        ((TENANT, TOT, 100, "day"), 80, 50, 30, Prices()),  # 80 in + 30 least out > 100
+        ((KEY, IN, 50, "day"), 60, 10, 1, Prices()),  # the input alone is over
+        ((ORG, USD, 1000, "month"), 10, 40, 20, Prices(50, 30)),  # 500 + 20 x 30 nUSD > 1000
+    ],
+    ids=["total", "input", "cost"],
+)
+async def test_a_request_larger_than_the_whole_budget_is_told_so(
+    ledger: Ledger,
+    budget: tuple[Any, Dimension, int, str],
+    input_tokens: int,
+    estimate: int,
+    least: int,
+    prices: Prices,
+) -> None:
+    """Regression: refused as 'exceeded' with the window reset as retry-after ("resets in
+    15 h"), although the budget was untouched and no wait would help."""
+    sc = scope(budget)
+    r = await ledger.admit(
+        sc, input_tokens=input_tokens, output_estimate=estimate, min_output=least, prices=prices
+    )
+    assert isinstance(r, Refused) and r.reason is Refusal.EXCEEDED and r.never_fits, r
+    assert (r.budget, r.retry_after_ms) == (sc.budgets[0], 0)
+    assert "larger than the whole" in r.message and "resets" not in r.message
+    assert r.budgets[0].remaining == budget[2]  # untouched, and nothing was held
+    assert (await ledger.usage(sc)).rows[0].reserved == 0
+
+
+async def test_a_request_that_fits_an_empty_budget_is_not_never_fits(ledger: Ledger) -> None:
+    sc = scope((TENANT, TOT, 100, "day"))
+    small = await admitted(ledger, sc, input_tokens=80, output_estimate=50, min_output=16)
+    assert small.reservation.output_reserved == 20  # shrunk to the tail
+    await ledger.settle(small.reservation, input_tokens=80, output_tokens=20)
+    r = await ledger.admit(sc, input_tokens=80, output_estimate=50, min_output=16)
+    assert isinstance(r, Refused) and r.reason is Refusal.EXCEEDED and not r.never_fits
+    assert 0 < r.retry_after_ms <= 86_400_000 and "resets" in r.message

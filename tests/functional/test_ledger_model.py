@@ -1,7 +1,8 @@
 """The real scripts against the reference model (tests/ledger_model.py), step by step.
 
 Hypothesis drives admit / replay / extend / settle / expire / usage on one scope of four budgets
-across three levels. Each reply is compared with what the model says for the same operation at
+across three levels, with holds that are charged or returned when they expire, and requests
+that could never fit. Each reply is compared with what the model says for the same operation at
 the server time the reply carries, so reservations that expire on their own between steps are
 handled exactly. After every step the server's raw keys (read without running a script, so
 nothing is reclaimed by looking) must equal the model's state.
@@ -41,7 +42,7 @@ from hardcap_core.ledger import (
 )
 from hardcap_core.local.valkey import LocalValkey
 from tests.conftest import KEY, ORG, TENANT, scope
-from tests.ledger_model import LedgerModel, per_output
+from tests.ledger_model import LedgerModel, amount, per_output
 
 TTL_S = 0.1
 SLEEP_PAST_MS = 5
@@ -54,6 +55,7 @@ SCOPE = scope(
 # A zero output price makes the cost budget blind to output, like an input budget.
 PRICES = st.sampled_from([Prices(1, 3), Prices(2, 1), Prices(0, 2), Prices(1, 0)])
 REASONS = {Refusal.BUSY: "busy", Refusal.EXCEEDED: "exceeded"}
+LEVELS = [level.tag for level in SCOPE.levels]
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -65,7 +67,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.client: Any = aioredis.Redis.from_url(self.url)
         self.run(self.client.flushall())
         self.ledger = Ledger(self.client, reservation_ttl_s=TTL_S)
-        self.model = LedgerModel(SCOPE.budgets, self.ledger.ttl_ms)
+        self.model = LedgerModel(SCOPE.budgets, self.ledger.ttl_ms, LEVELS)
         self.rids: list[str] = []  # every id ever admitted, in order
         self.reservations: dict[str, Reservation] = {}
 
@@ -76,10 +78,12 @@ class LedgerMachine(RuleBasedStateMachine):
         self.run(self.client.aclose())
         self.loop.close()
 
-    def pick(self, which: int, live: bool) -> Reservation:
-        """One id ever admitted, or (``live``) one the model still holds, if any."""
+    def pick(self, which: int, live: bool, charged: bool = False) -> Reservation:
+        """One id ever admitted, or (``live``) one the model still holds, or (``charged``) one
+        whose hold expiry charged, if any."""
         held = [rid for rid in self.rids if rid in self.model.live]
-        rids = held if live and held else self.rids
+        expired = [rid for rid in self.rids if rid in self.model.expired]
+        rids = expired if charged and expired else held if live and held else self.rids
         return self.reservations[rids[which % len(rids)]]
 
     # -- rules --------------------------------------------------------------------------------
@@ -89,9 +93,19 @@ class LedgerMachine(RuleBasedStateMachine):
         estimate=st.integers(1, 250),
         min_output=st.integers(1, 80),
         prices=PRICES,
+        charge=st.booleans(),
     )
-    def admit(self, input_tokens: int, estimate: int, min_output: int, prices: Prices) -> None:
-        self._admit(uuid.uuid4().hex, input_tokens, estimate, min_output, prices)
+    def admit(
+        self, input_tokens: int, estimate: int, min_output: int, prices: Prices, charge: bool
+    ) -> None:
+        self._admit(uuid.uuid4().hex, input_tokens, estimate, min_output, prices, charge)
+
+    @rule(input_tokens=st.integers(900, 1100), min_output=st.integers(1, 120), prices=PRICES)
+    def admit_larger_than_a_budget(
+        self, input_tokens: int, min_output: int, prices: Prices
+    ) -> None:
+        """Often too large for the whole total or input budget, empty or not."""
+        self._admit(uuid.uuid4().hex, input_tokens, 120, min_output, prices, True)
 
     @precondition(lambda self: self.rids)
     @rule(
@@ -101,8 +115,8 @@ class LedgerMachine(RuleBasedStateMachine):
         prices=PRICES,
     )
     def replay(self, which: int, input_tokens: int, estimate: int, prices: Prices) -> None:
-        """Admit an id seen before: live, settled or expired."""
-        self._admit(self.pick(which, False).id, input_tokens, estimate, estimate, prices)
+        """Admit an id seen before: live, settled or expired (charged or returned)."""
+        self._admit(self.pick(which, False).id, input_tokens, estimate, estimate, prices, True)
 
     @precondition(lambda self: self.rids)
     @rule(
@@ -143,11 +157,14 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(
         which=st.integers(0, 50),
         live=st.booleans(),
+        charged=st.booleans(),
         actual_in=st.integers(0, 150),
         actual_out=st.integers(0, 400),
     )
-    def settle(self, which: int, live: bool, actual_in: int, actual_out: int) -> None:
-        res = self.pick(which, live)
+    def settle(
+        self, which: int, live: bool, charged: bool, actual_in: int, actual_out: int
+    ) -> None:
+        res = self.pick(which, live, charged)
         got = self.run(self.ledger.settle(res, input_tokens=actual_in, output_tokens=actual_out))
         want = self.model.settle(
             got.server_time_ms,
@@ -158,6 +175,7 @@ class LedgerMachine(RuleBasedStateMachine):
         )
         assert got.duplicate == (want.kind == "dup"), (got, want)
         assert got.had_reservation == want.had_reservation, (got, want)
+        assert got.expiry_charged == want.expiry_charged, (got, want)
         assert tuple(b.remaining for b in got.budgets) == want.remaining, (got, want)
         assert tuple(b.reset_ms for b in got.budgets) == want.reset_ms, (got, want)
 
@@ -181,7 +199,8 @@ class LedgerMachine(RuleBasedStateMachine):
         assert tuple(r.used for r in got.rows) == want.used, (got, want)
         assert tuple(r.reserved for r in got.rows) == want.reserved, (got, want)
         assert tuple(r.reset_ms for r in got.rows) == want.reset_ms, (got, want)
-        assert got.live_reservations == want.live_reservations, (got, want)
+        assert tuple(n for _, n in got.live_by_level) == want.live_by_level, (got, want)
+        assert got.live_reservations == want.live_by_level[LEVELS.index(TENANT.tag)]
 
     # -- the server's raw state ---------------------------------------------------------------
 
@@ -191,7 +210,9 @@ class LedgerMachine(RuleBasedStateMachine):
 
     async def _compare_raw_state(self) -> None:
         # Every budget is on the month window, so all used keys share one name but its id.
-        k_reserved, k_res, k_exp, _ = self.ledger.keys.core(SCOPE)
+        k_reserved, k_res, k_exp, _, k_expired, k_expired_at, k_live = self.ledger.keys.ledger(
+            SCOPE
+        )
         reserved = {k.decode(): int(v) for k, v in (await self.client.hgetall(k_reserved)).items()}
         assert _nonzero(reserved) == _nonzero(self.model.reserved)
 
@@ -210,7 +231,34 @@ class LedgerMachine(RuleBasedStateMachine):
                 h.bucket_take,
             ), (rec, h)
             assert (tuple(rec["f"]), tuple(rec["d"])) == (h.fields, h.dims)
+            assert (rec["x"], tuple(rec["lv"])) == (int(h.charge_on_expiry), h.levels), rec
             assert expiry[rid] == h.expiry_ms
+
+        live = {k.decode(): int(v) for k, v in (await self.client.hgetall(k_live)).items()}
+        assert live == self.model.live_count
+
+        charges = {
+            k.decode(): json.loads(v) for k, v in (await self.client.hgetall(k_expired)).items()
+        }
+        forget = {
+            k.decode(): int(s)
+            for k, s in await self.client.zrange(k_expired_at, 0, -1, withscores=True)
+        }
+        assert set(charges) == set(self.model.expired) == set(forget)
+        for rid, c in self.model.expired.items():
+            got = charges[rid]
+            rows = tuple((f, d, key.rsplit(":", 1)[1]) for f, d, key in got["c"])
+            assert rows == c.rows, (got, c)
+            assert (got["i"], got["o"], got["pi"], got["po"], got["e"]) == (
+                c.input_tokens,
+                c.output_tokens,
+                c.prices.input_nusd,
+                c.prices.output_nusd,
+                1,
+            )
+            for f, d, _ in rows:
+                assert amount(d, got["i"], got["o"], c.prices) == c.charged(d), f
+            assert forget[rid] == c.forget_ms
 
         used: dict[tuple[str, str], int] = {}
         base = self.ledger.keys.used(SCOPE, SCOPE.budgets[0].window.spec, "")
@@ -235,7 +283,13 @@ class LedgerMachine(RuleBasedStateMachine):
         return sorted(h.expiry_ms for h in self.model.live.values() if h.expiry_ms > now)
 
     def _admit(
-        self, rid: str, input_tokens: int, estimate: int, min_output: int, prices: Prices
+        self,
+        rid: str,
+        input_tokens: int,
+        estimate: int,
+        min_output: int,
+        prices: Prices,
+        charge: bool,
     ) -> None:
         least = min(min_output, estimate)
         try:
@@ -247,11 +301,12 @@ class LedgerMachine(RuleBasedStateMachine):
                     min_output=least,
                     prices=prices,
                     reservation_id=rid,
+                    charge_on_expiry=charge,
                 )
             )
         except ReservationReused:
-            # Single-use ids: a settled one is refused before anything else happens.
-            assert rid in self.model.settled
+            # Single-use ids: a settled or expiry-charged one is refused before anything else.
+            assert rid in self.model.settled or rid in self.model.expired
             return
         assert isinstance(got, Admitted | Refused)
         want = self.model.admit(
@@ -261,13 +316,15 @@ class LedgerMachine(RuleBasedStateMachine):
             estimate=estimate,
             min_output=least,
             prices=prices,
+            charge_on_expiry=charge,
         )
         states = tuple(b.remaining for b in got.budgets)
         resets = tuple(b.reset_ms for b in got.budgets)
         assert (states, resets) == (want.remaining, want.reset_ms), (got, want)
         if isinstance(got, Refused):
             assert got.budget is not None, got
-            assert (REASONS[got.reason], got.budget.field, got.retry_after_ms) == (
+            kind = "never" if got.never_fits else REASONS[got.reason]
+            assert (kind, got.budget.field, got.retry_after_ms) == (
                 want.kind,
                 want.field,
                 want.retry_after_ms,
@@ -297,7 +354,7 @@ def test_scripts_match_the_reference_model(valkey: LocalValkey) -> None:
     run_state_machine_as_test(
         LedgerMachine,
         settings=settings(
-            max_examples=30,
+            max_examples=50,
             stateful_step_count=20,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],
