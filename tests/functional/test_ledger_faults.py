@@ -12,6 +12,7 @@ import asyncio
 import os
 import signal
 import time
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -29,7 +30,7 @@ SC = scope((TENANT, Dimension.TOTAL_TOKENS, 10_000, "month"))
 PROCESSED_WAIT_S = 10.0  # how long to wait for a resumed server to run what it had queued
 
 
-class Fault:
+class Fault(ABC):
     """Break a private server one way, and repair it."""
 
     name = ""
@@ -37,11 +38,13 @@ class Fault:
     def __init__(self, server: LocalValkey, admin: Any) -> None:
         self.server, self.admin = server, admin
 
+    @abstractmethod
     async def start(self) -> None:
-        raise NotImplementedError
+        """Break the server."""
 
+    @abstractmethod
     async def end(self) -> None:
-        raise NotImplementedError
+        """Repair it (a killed server comes back empty on its port)."""
 
 
 class Killed(Fault):
