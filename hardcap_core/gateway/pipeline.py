@@ -108,9 +108,7 @@ class Gateway:
         self, request: Request, principal: Principal, wire: WireFormat, request_id: str
     ) -> Response:
         """A chat completion in ``wire``'s format, streamed or not."""
-        chat = wire.parse(
-            await self._read_body(request), chars_per_token=self.config.gateway.chars_per_token
-        )
+        chat = wire.parse(await self._read_body(request))
         route = self._route(chat.model, principal)
         limit = route.max_output_tokens
         if chat.max_tokens is not None and chat.max_tokens > limit:

@@ -11,10 +11,12 @@ import json
 import math
 import random
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
+
+from hardcap_core.local.mock_billing import prompt_tokens
 
 # Word pieces as a BPE tokenizer would cut them: mostly a leading space plus a short word, some
 # suffixes and punctuation. The mean length is about 4 characters, like real English output, so
@@ -92,16 +94,11 @@ def text_of(content: Any) -> str:
     return ""
 
 
-def estimate_prompt_tokens(messages: Iterable[Mapping[str, Any]]) -> int:
-    """`ceil(characters of all message texts / 4) + 4 per message`.
-
-    The same family of heuristic as the gateway's own pre-flight estimate (characters / 4 plus
-    a per-message overhead), so the two agree closely. A known limitation: it is not a real
-    tokenizer, and it ignores tool definitions, tool-call arguments and images.
-    """
-    messages = list(messages)
-    characters = sum(len(text_of(message.get("content"))) for message in messages)
-    return math.ceil(characters / 4) + 4 * len(messages)
+def estimate_prompt_tokens(req: ChatRequest) -> int:
+    """The prompt tokens the mock bills for `req`, as OpenAI would: a real tokenizer
+    (cl100k_base) over every billed input field, images by their tiles, audio by its
+    duration (see `mock_billing`)."""
+    return prompt_tokens(req.model_dump(exclude_unset=True))
 
 
 def _directives(text: str) -> dict[str, float]:
@@ -116,9 +113,10 @@ class StreamOptions(BaseModel):
 
 
 class ChatRequest(BaseModel):
-    """The fields of a Chat Completions request the mock looks at; others are ignored."""
+    """The fields of a Chat Completions request the mock looks at; the others are kept too,
+    because they are billed (`estimate_prompt_tokens`)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: str
     messages: list[dict[str, Any]]
@@ -317,7 +315,7 @@ def make_plan(
     keepalive = knobs.get("keepalive_ms")
     return Plan(
         status=int(knobs.get("status", 200)),
-        prompt_tokens=estimate_prompt_tokens(req.messages),
+        prompt_tokens=estimate_prompt_tokens(req),
         reasoning=reasoning,
         content=content,
         tool_name=None if tool is None else str(tool.get("name", "")),

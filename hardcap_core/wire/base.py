@@ -50,8 +50,9 @@ class WireFormat(Protocol):
 
     dialect: str
 
-    def parse(self, raw: bytes, *, chars_per_token: float) -> ChatRequest:
-        """Validate a request body; raise InvalidRequest naming the bad field."""
+    def parse(self, raw: bytes) -> ChatRequest:
+        """Validate a request body; raise InvalidRequest naming the bad field. The request's
+        ``input_tokens`` bounds every input field a provider bills."""
         ...
 
     def encoder(self, request: ChatRequest, *, model: str, same_dialect: bool) -> StreamEncoder:

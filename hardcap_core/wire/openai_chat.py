@@ -33,8 +33,8 @@ DELTA_FIELD = {
 class OpenAIChat:
     dialect = DIALECT
 
-    def parse(self, raw: bytes, *, chars_per_token: float) -> ChatRequest:
-        return parse_chat_request(raw, chars_per_token=chars_per_token)
+    def parse(self, raw: bytes) -> ChatRequest:
+        return parse_chat_request(raw)
 
     def encoder(self, request: ChatRequest, *, model: str, same_dialect: bool) -> ChunkEncoder:
         return ChunkEncoder(model, include_usage=request.include_usage, passthrough=same_dialect)

@@ -1,29 +1,27 @@
 """Reading an OpenAI chat-completions body: validation, and the estimate of its billed input.
 
-Bad input gets a clear 400 naming the field (and costs the tenant nothing: this runs before
-admission). Fields Hardcap does not know are passed through to the provider untouched.
+Bad input gets a clear 400 naming the field or saying what is wrong (and costs the tenant
+nothing: this runs before admission); the JSON itself is checked by
+:mod:`hardcap_core.wire.json_body`. Fields Hardcap does not know are passed through to the
+provider untouched, and counted (:mod:`hardcap_core.wire.openai_input`).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from hardcap_core.chat import ChatRequest
 from hardcap_core.errors import InvalidRequest
-from hardcap_core.tokens import json_tokens, text_tokens
+from hardcap_core.wire import json_body
+from hardcap_core.wire.openai_input import input_tokens
 
 DIALECT = "openai_chat"
-PER_MESSAGE_OVERHEAD = 4  # role and separators a chat template adds per message
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
-def parse_chat_request(raw: bytes, *, chars_per_token: float = 4.0) -> ChatRequest:
+def parse_chat_request(raw: bytes) -> ChatRequest:
     """Validate a request body; raise :class:`InvalidRequest` naming the bad field."""
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InvalidRequest(f"The request body is not valid JSON: {e}") from None
+    body = json_body.loads(raw)
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
 
@@ -51,9 +49,12 @@ def parse_chat_request(raw: bytes, *, chars_per_token: float = 4.0) -> ChatReque
     n = body.get("n", 1)
     if n is not None and (not _is_int(n) or n != 1):
         raise InvalidRequest("Only n=1 is supported: each choice needs its own budget.", param="n")
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise InvalidRequest("'tools' must be an array.", param="tools")
+    for name in ("tools", "functions"):
+        if body.get(name) is not None and not isinstance(body[name], list):
+            raise InvalidRequest(f"'{name}' must be an array.", param=name)
+    response_format = body.get("response_format")
+    if response_format is not None and not isinstance(response_format, dict):
+        raise InvalidRequest("'response_format' must be an object.", param="response_format")
 
     field, max_tokens = "max_tokens", None
     # Both are checked; max_completion_tokens (OpenAI's current name) wins when both are sent.
@@ -74,7 +75,7 @@ def parse_chat_request(raw: bytes, *, chars_per_token: float = 4.0) -> ChatReque
         include_usage=include_usage,
         max_tokens=max_tokens,
         max_tokens_field=field,
-        input_tokens=input_tokens(body, chars_per_token),
+        input_tokens=input_tokens(body),
         dialect=DIALECT,
     )
 
@@ -108,23 +109,3 @@ def _check_messages(messages: Any) -> None:
             raise InvalidRequest(
                 f"'{where}.tool_calls' must be an array.", param=f"{where}.tool_calls"
             )
-
-
-def input_tokens(body: dict[str, Any], chars_per_token: float) -> int:
-    """Estimate of the prompt: message text, tool calls, tool definitions, a few tokens per
-    message. Corrected at settlement by the provider's count."""
-    total = 0
-    for message in body.get("messages") or ():
-        total += PER_MESSAGE_OVERHEAD
-        content = message.get("content")
-        if isinstance(content, str):
-            total += text_tokens(content, chars_per_token)
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    total += text_tokens(part["text"], chars_per_token)
-        for call in message.get("tool_calls") or ():
-            total += json_tokens(call, chars_per_token)
-    if body.get("tools"):
-        total += json_tokens(body["tools"], chars_per_token)
-    return total

@@ -136,7 +136,9 @@ def test_prompt_estimate_counts_text_parts_and_messages() -> None:
         {"role": "user", "content": [{"type": "text", "text": "y" * 6}, {"type": "image_url"}]},
         {"role": "assistant", "content": None},
     ]
-    assert estimate_prompt_tokens(messages) == 4 + 3 * 4  # ceil(16 / 4) + 4 per message
+    # cl100k_base: each role 1 token, "x" * 10 and "y" * 6 2 each; 3 per message, 3 to prime.
+    req = ChatRequest(model="mock-small", messages=messages)
+    assert estimate_prompt_tokens(req) == 3 + (3 + 1 + 2) * 2 + (3 + 1)
 
 
 def test_same_seed_same_answers() -> None:
@@ -161,7 +163,8 @@ def test_non_stream_completion_has_usage(sdk: openai.OpenAI) -> None:
     assert choice.message.role == "assistant"
     assert choice.message.content
     assert completion.usage is not None
-    assert completion.usage.prompt_tokens == estimate_prompt_tokens(ask("hello there"))
+    req = ChatRequest(model="mock-small", messages=ask("hello there"))
+    assert completion.usage.prompt_tokens == estimate_prompt_tokens(req)
     assert completion.usage.completion_tokens >= 1
     assert completion.usage.total_tokens == (
         completion.usage.prompt_tokens + completion.usage.completion_tokens

