@@ -234,19 +234,19 @@ def _shapes() -> dict[str, Callable[[], dict[str, Any]]]:
         ),
         "audio WAV 3 s": lambda: user([audio(wav(3), "wav")]),
         "audio MP3 4 s at 64 kbit/s": lambda: user([audio(mp3(4), "mp3")]),
-        "file (text, 20 KB)": lambda: user(
-            [text("Summarize the file."), file("notes.txt", "text/plain", (PROSE * 60).encode())]
+        "file (text, 5 KB)": lambda: user(
+            [text("Summarize the file."), file("notes.txt", "text/plain", (PROSE * 15).encode())]
         ),
         "CJK": lambda: user(CJK * 40),
         "other scripts": lambda: user(OTHER_SCRIPTS * 30),
-        "emoji": lambda: user(" ".join(rng_emoji.choice(EMOJI) for _ in range(3000))),
-        "random ASCII": lambda: user(seeded_text("ascii", string.printable[:94], 20_000)),
-        "random lowercase": lambda: user(seeded_text("lower", string.ascii_lowercase, 20_000)),
+        "emoji": lambda: user(" ".join(rng_emoji.choice(EMOJI) for _ in range(1000))),
+        "random ASCII": lambda: user(seeded_text("ascii", string.printable[:94], 6_000)),
+        "random lowercase": lambda: user(seeded_text("lower", string.ascii_lowercase, 6_000)),
         "punctuation runs": lambda: user(
             "".join(c * (1 + i % 7) for i, c in enumerate(string.punctuation * 60))
         ),
         "base64 blob in text": lambda: user(
-            "Decode this: " + base64.b64encode(seeded("b64").randbytes(24_000)).decode()
+            "Decode this: " + base64.b64encode(seeded("b64").randbytes(6_000)).decode()
         ),
         "names": lambda: {
             "model": "small",
