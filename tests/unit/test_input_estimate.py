@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import string
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -281,3 +284,19 @@ def test_the_mock_bills_audio_at_half_the_bound_rate_and_images_by_the_same_rule
     image_part = {"type": "image_url", "image_url": {"url": PNG_URL, "detail": "high"}}
     assert prompt_tokens(parts(image_part)) - prompt_tokens(parts()) == 765
     assert base > 0
+
+
+def test_the_mock_s_tokenizer_loads_with_the_network_off(tmp_path: Any) -> None:
+    # A fresh process, sockets disabled and an empty tiktoken cache: nothing may be fetched.
+    code = (
+        "import socket\n"
+        "def refuse(*a, **k): raise OSError('network used')\n"
+        "socket.socket = refuse; socket.create_connection = refuse\n"
+        "from hardcap_core.local.mock_billing import text_tokens\n"
+        "print(text_tokens('hello world'))\n"
+    )
+    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "2"), done.stderr
