@@ -84,6 +84,7 @@ class Meter:
         prices: Prices,
         meta: ReservationMeta | None = None,
         cap: int | None = None,
+        unguarded_id: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ledger = ledger
@@ -104,9 +105,11 @@ class Meter:
         self.hold_lost = False  # the reservation could not be kept alive: stop
         self.ledger_failed = False  # a call to grow or keep the hold got no answer
         self.cap = cap  # the most output tokens this request may have, whatever the provider does
+        self.unguarded_id = unguarded_id  # fail open: the id the unanswered admit was sent with
         self.cut = False  # the gateway stopped the stream early
         self.settled = False
         self.final_budgets: tuple[BudgetState, ...] = ()
+        self.expiry_charged = False  # the hold had expired and been charged before the settle
         self.charged_output = 0
         self.charged_input = 0
         self.in_hand = 0  # tokens received from the provider and not yet forwarded
@@ -280,6 +283,7 @@ class Meter:
                 "outcome": outcome.value,
                 "input_tokens": self.charged_input,
                 "output_tokens": self.charged_output,
+                "expiry_charged": self.expiry_charged,
             },
         )
 
@@ -306,16 +310,22 @@ class Meter:
                 await asyncio.sleep(delay)  # settle is idempotent: safe to send again
                 continue
             self.final_budgets = result.budgets
+            self.expiry_charged = result.expiry_charged
             return
 
     async def _observe(self, output_tokens: int) -> None:
         # One lost sample is harmless: the estimate is advisory.
         with contextlib.suppress(LedgerUnavailable):
-            await self.estimator.observe(self.route, output_tokens, truncated=False)
+            await self.estimator.observe(
+                self.route, output_tokens, truncated=False, tenant=self.meta.tenant or None
+            )
 
     async def _settle_unguarded(self) -> None:
         """A fail-open request still charges its usage if the server is back by now."""
-        orphan = Reservation(uuid.uuid4().hex, self.scope, self.prices, 0, 0, self.meta)
+        # The id the admit was sent with: if it did run after all (its reply was lost), this
+        # settles that hold with the real counts instead of leaving it to be charged at expiry.
+        rid = self.unguarded_id or uuid.uuid4().hex
+        orphan = Reservation(rid, self.scope, self.prices, 0, 0, self.meta)
         try:
             await self.ledger.settle(
                 orphan, input_tokens=self.charged_input, output_tokens=self.charged_output

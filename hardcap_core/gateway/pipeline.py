@@ -118,7 +118,9 @@ class Gateway:
                 param=chat.max_tokens_field,
             )
         max_tokens = chat.max_tokens or limit
-        meta = ReservationMeta(route.name, route.model, principal.key_id, request_id)
+        meta = ReservationMeta(
+            route.name, route.model, principal.key_id, request_id, principal.tenant_id
+        )
         admission = await self._admit(principal, route, chat, max_tokens, meta, wire)
         if self.config.gateway.log_prompts:  # opt-in only: prompts may hold personal data
             logger.info("prompt", extra={"route": route.name, "messages": chat.messages})
@@ -210,7 +212,9 @@ class Gateway:
         if policy is Policy.COUNT_AFTER:
             estimate = 1  # the baseline: the budget sees nothing of the reply until it ends
         elif chat.stream:
-            estimate = await self._ledger_call(estimator.estimate(route.name, max_tokens))
+            estimate = await estimator.estimate(
+                route.name, max_tokens, tenant=principal.tenant_id
+            )  # never raises: without the budget server it estimates max_tokens
         else:
             estimate = max_tokens  # a reply that cannot be cut is capped at what is reserved
         least = min(route.min_output_reservation, estimate) if policy.cuts else estimate
@@ -223,13 +227,18 @@ class Gateway:
                 prices=route.prices,
                 fail_open=principal.fail_mode == "open",
                 meta=meta,
+                # A hold whose settle never comes (the instance died) is charged, not
+                # refunded: it is the gateway's own upper estimate of what was generated.
+                charge_on_expiry=True,
             )
         )
         if isinstance(result, Refused):
             raise _refusal(result, wire)
         reservation = None
         room = None
+        unguarded_id = None
         if isinstance(result, Unguarded):
+            unguarded_id = result.reservation_id
             logger.warning(
                 "budget server unreachable; tenant fails open",
                 extra={"tenant": principal.tenant_id, "route": route.name},
@@ -252,6 +261,7 @@ class Gateway:
             prices=route.prices,
             meta=meta,
             cap=max_tokens,
+            unguarded_id=unguarded_id,
         )
         return Admission(meter, headers, room)
 
@@ -337,8 +347,13 @@ def _usage_row(row: UsageRow) -> dict[str, Any]:
 
 
 def _refusal(r: Refused, wire: WireFormat) -> TooManyRequests:
-    retry_s = max(1, -(-r.retry_after_ms // 1000))
     headers = wire.budget_headers(r.budgets, r.rates, r.server_time_ms)
+    if r.never_fits:
+        # Larger than the whole budget: no wait helps, so no Retry-After, and the official
+        # SDKs are told not to retry.
+        headers["x-should-retry"] = "false"
+        return TooManyRequests(r.message, code=r.reason.value, headers=headers)
+    retry_s = max(1, -(-r.retry_after_ms // 1000))
     headers["retry-after"] = str(1 if r.reason is Refusal.BUSY else retry_s)
     headers["retry-after-ms"] = str(r.retry_after_ms)
     return TooManyRequests(r.message, code=r.reason.value, headers=headers)

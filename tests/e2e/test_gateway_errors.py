@@ -175,6 +175,26 @@ def test_budget_busy_then_exceeded(
         assert truth["total_tokens"] <= 300
 
 
+def test_a_request_larger_than_the_whole_budget_is_told_so_and_not_to_retry(
+    valkey: LocalValkey, mock: Mock, sdk: Callable[..., openai.OpenAI]
+) -> None:
+    """It was refused as 'spent for this window, resets in 15 h' with that Retry-After,
+    though nothing had been spent."""
+    budgets = [{"dimension": "total_tokens", "limit": 300, "window": "day"}]
+    with _gateway(valkey, mock, **{"tenants.0.budgets": budgets}) as url:
+        big = [{"role": "user", "content": "budget " * 2000}]
+        with pytest.raises(openai.RateLimitError) as refused:
+            sdk(url).chat.completions.create(model="small", messages=big, max_tokens=10)
+        assert refused.value.code == "budget_exceeded"
+        assert "larger than the whole" in refused.value.message
+        headers = refused.value.response.headers
+        assert "retry-after" not in headers and "retry-after-ms" not in headers
+        assert headers["x-should-retry"] == "false"
+        nothing_charged(url)
+        # A request that fits the untouched budget still goes through.
+        sdk(url).chat.completions.create(model="small", messages=HI, max_tokens=10)
+
+
 def test_rate_limited(valkey: LocalValkey, mock: Mock, sdk: Callable[..., openai.OpenAI]) -> None:
     with _gateway(valkey, mock, **{"tenants.1.rate_limits": {"requests_per_minute": 2}}) as url:
         c = sdk(url, KEYS["beta"])
@@ -231,3 +251,10 @@ def test_budget_server_down_fails_closed_or_open_per_tenant(
             model="small", messages=HI, user="open"
         )
         assert done.choices[0].message.content
+        # The p95 estimator cannot read its sample either: a fail-open tenant still goes
+        # ahead (it got 503 "fails closed" when the estimator's read failed closed).
+        streamed = sdk(base, KEYS["open"]).chat.completions.with_raw_response.create(
+            model="p95", messages=HI, user="open", stream=True
+        )
+        assert streamed.headers["x-hardcap-budget"] == "unenforced"
+        assert [c for c in streamed.parse() if c.choices and c.choices[0].delta.content]
