@@ -1,0 +1,403 @@
+"""A provider that misbehaves, through the real gateway: malformed events, streams cut off
+without a finish, output the gateway must count (audio, legacy function calls, max_tokens
+ignored), and reasoning that thinks silently past the reservation's TTL.
+
+Whatever the provider does, the client gets an OpenAI-shaped error (before the first byte) or
+an error event and a clean end, or a whole reply; never a dropped connection. Nothing stays
+reserved, and the ledger charges at least what the mock generated (its ground truth).
+
+Tenant beta (an output-token budget, route `small`) makes requests as mock user "beta", so the
+ledger's output row and the mock's completion tokens count the same thing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from hardcap_core.local.mock_plan import (
+    ERROR_OBJECT,
+    MALFORMED_KINDS,
+    NOT_JSON,
+    USAGE_NOT_OBJECT,
+    per_piece,
+)
+from hardcap_core.local.valkey import LocalValkey
+from tests.stack import KEYS, Mock, config_data, gateway_thread
+
+AUTH = {"authorization": f"Bearer {KEYS['beta']}"}
+GUARD = 4  # gateway.truncate_guard_tokens (the default): tokens a provider may add after a cut
+# Kinds of bad event that end the stream in an error (the others are survived: ignored, or
+# counted by their length, and the reply goes on).
+FATAL = frozenset({ERROR_OBJECT, NOT_JSON})
+SMALL = 300  # output tokens in the small budget
+
+
+def output_budget(limit: int) -> dict[str, Any]:
+    return {"tenants.1.budgets": [{"dimension": "output_tokens", "limit": limit, "window": "day"}]}
+
+
+@pytest.fixture
+def gateway(valkey: LocalValkey, mock: Mock) -> Callable[..., Any]:
+    """Start a gateway with config overrides on a flushed Valkey and a reset mock."""
+
+    @contextmanager
+    def start(**overrides: Any) -> Iterator[str]:
+        with redis.Redis.from_url(valkey.url) as r:
+            r.flushall()
+        mock.reset()
+        with gateway_thread(config_data(mock.url, valkey.url, **overrides)) as url:
+            yield url
+
+    return start
+
+
+@pytest.fixture
+def sdk() -> Iterator[Callable[[str], openai.OpenAI]]:
+    made: list[openai.OpenAI] = []
+
+    def make(base: str) -> openai.OpenAI:
+        made.append(openai.OpenAI(base_url=base, api_key=KEYS["beta"], max_retries=0))
+        return made[-1]
+
+    yield make
+    for client in made:
+        client.close()
+
+
+def ledger(base: str) -> dict[str, Any]:
+    body: dict[str, Any] = httpx.get(f"{base}/hardcap/usage", headers=AUTH).json()
+    return body
+
+
+def charged_output(base: str) -> int:
+    """What the ledger charged tenant beta's output budget, once nothing is reserved."""
+    body = ledger(base)
+    assert body["live_reservations"] == 0
+    assert all(row["reserved"] == 0 for row in body["budgets"]), body["budgets"]
+    (row,) = [r for r in body["budgets"] if r["level"] == "tenant"]
+    assert row["dimension"] == "output_tokens"
+    used: int = row["used"]
+    return used
+
+
+def generated(mock: Mock) -> int:
+    """What the mock generated and billed for beta (0 if it never answered)."""
+    return mock.truth("beta").get("completion_tokens", 0)
+
+
+class Raw:
+    """A streamed reply as the client's bytes: status, data events, and how it ended."""
+
+    def __init__(self, base: str, text: str, **fields: Any) -> None:
+        body = {
+            "model": "small",
+            "messages": [{"role": "user", "content": text}],
+            "stream": True,
+            "user": "beta",
+            **fields,
+        }
+        self.events: list[Any] = []
+        self.clean = True  # the response ended properly (not a dropped connection)
+        data = b""
+        url = f"{base}/chat/completions"
+        with httpx.stream("POST", url, json=body, headers=AUTH, timeout=30) as response:
+            self.status = response.status_code
+            try:
+                for piece in response.iter_bytes():
+                    data += piece
+            except httpx.HTTPError:
+                self.clean = False
+        if self.status != 200:
+            self.error = json.loads(data)
+            return
+        for block in data.decode().split("\n\n"):
+            if block.startswith("data: "):
+                payload = block.removeprefix("data: ")
+                self.events.append(payload if payload == "[DONE]" else json.loads(payload))
+
+    @property
+    def chunks(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if isinstance(e, dict) and "error" not in e]
+
+    @property
+    def finishes(self) -> list[str]:
+        return [
+            c["finish_reason"]
+            for e in self.chunks
+            for c in e.get("choices") or ()
+            if isinstance(c, dict) and c.get("finish_reason")
+        ]
+
+
+def assert_openai_error(body: Any) -> None:
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "code", "param"}
+    assert body["error"]["message"]
+
+
+# -- malformed events ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("at", [0, 3], ids=["first", "mid"])
+@pytest.mark.parametrize("kind", sorted(MALFORMED_KINDS), ids=MALFORMED_KINDS.get)
+def test_a_malformed_event_ends_in_an_error_or_the_reply_goes_on(
+    gateway: Callable[..., Any], mock: Mock, kind: int, at: int
+) -> None:
+    text = f"hi [mock:malformed={kind}] [mock:malformed_at={at}] [mock:tokens=20] [mock:pace_ms=10]"
+    with gateway() as base:
+        raw = Raw(base, text, stream_options={"include_usage": True})
+        assert raw.clean  # never a dropped connection
+        if kind in FATAL and at == 0:
+            # Nothing went out yet: a proper error status.
+            assert raw.status == 502
+            assert_openai_error(raw.error)
+        elif kind in FATAL:
+            # An error event, then the response ends cleanly (no [DONE]: it did not complete).
+            assert raw.status == 200
+            assert_openai_error(raw.events[-1])
+            assert "[DONE]" not in raw.events
+        else:
+            assert raw.status == 200
+            assert raw.events[-1] == "[DONE]"
+            # Every chunk the client gets is one the SDK's own model accepts.
+            for chunk in raw.chunks:
+                ChatCompletionChunk.model_validate(chunk)
+            assert raw.finishes == ["stop"]
+        assert charged_output(base) >= generated(mock)
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED_KINDS), ids=MALFORMED_KINDS.get)
+def test_the_sdk_sees_a_malformed_event_as_an_error_or_a_whole_reply(
+    gateway: Callable[..., Any], sdk: Callable[[str], openai.OpenAI], mock: Mock, kind: int
+) -> None:
+    text = f"hi [mock:malformed={kind}] [mock:malformed_at=3] [mock:tokens=20] [mock:pace_ms=10]"
+    with gateway() as base:
+        stream = sdk(base).chat.completions.create(
+            model="small", messages=[{"role": "user", "content": text}], stream=True, user="beta"
+        )
+        if kind in FATAL:
+            with pytest.raises(openai.APIError):
+                list(stream)
+        else:
+            chunks = list(stream)
+            # The SDK does not validate chunks: a null choice would reach the caller's code.
+            choices = [choice for c in chunks for choice in c.choices]
+            assert None not in choices
+            assert [choice.finish_reason for choice in choices][-1] == "stop"
+        assert charged_output(base) >= generated(mock)
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED_KINDS), ids=MALFORMED_KINDS.get)
+def test_a_malformed_whole_reply_is_an_error_or_a_reply_and_is_charged(
+    gateway: Callable[..., Any], mock: Mock, kind: int
+) -> None:
+    """The provider answered 200 and billed the reply, whatever its body looks like: the
+    client gets a reply or an OpenAI-shaped error, and the ledger charges what was billed."""
+    body = {
+        "model": "small",
+        "user": "beta",
+        "messages": [{"role": "user", "content": f"hi [mock:malformed={kind}] [mock:tokens=20]"}],
+    }
+    with gateway() as base:
+        response = httpx.post(f"{base}/chat/completions", json=body, headers=AUTH, timeout=30)
+        if response.status_code == 200:
+            ChatCompletion.model_validate(response.json())
+        else:
+            assert response.status_code == 502
+            assert_openai_error(response.json())
+        assert generated(mock) > 0
+        if kind == USAGE_NOT_OBJECT:
+            # No usage: the gateway counts the reply's text, about 4 characters a token, which
+            # lands either side of the truth (the mock's words average 4.4 characters; real
+            # English under a real tokenizer about 4). Charged, at least.
+            assert charged_output(base) > 0
+        else:
+            assert charged_output(base) >= generated(mock)
+
+
+# -- streams that end without saying they are complete --------------------------------------------
+
+
+@pytest.mark.parametrize("ending", ["die_after", "eof_after"])
+def test_a_stream_cut_off_without_a_finish_is_an_error_not_a_completion(
+    gateway: Callable[..., Any], sdk: Callable[[str], openai.OpenAI], mock: Mock, ending: str
+) -> None:
+    """`die_after` drops the connection; `eof_after` ends the body cleanly. Either way the
+    provider never said the reply was complete: the client must not take it for one."""
+    text = f"hi [mock:{ending}=5] [mock:tokens=20] [mock:pace_ms=5]"
+    with gateway() as base:
+        raw = Raw(base, text, stream_options={"include_usage": True})
+        assert raw.status == 200 and raw.clean
+        assert_openai_error(raw.events[-1])
+        assert "[DONE]" not in raw.events and raw.finishes == []
+        stream = sdk(base).chat.completions.create(
+            model="small", messages=[{"role": "user", "content": text}], stream=True, user="beta"
+        )
+        with pytest.raises(openai.APIError):
+            list(stream)
+        assert generated(mock) == 10
+        assert charged_output(base) >= 10
+
+
+# -- output the gateway must count ---------------------------------------------------------------
+
+SHAPES = {
+    "content": "",
+    "function_call": "[mock:function_call=1]",
+    "audio": "[mock:audio=1]",
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_output_a_provider_bills_is_cut_at_a_small_budget(
+    gateway: Callable[..., Any], sdk: Callable[[str], openai.OpenAI], mock: Mock, shape: str
+) -> None:
+    """The provider ignores max_tokens, so only the gateway's count stops it. Bound: the
+    budget, plus the truncation guard, plus one step of the mock (a spoken word bills its
+    transcript and 8 audio tokens at once: the gateway cannot cut inside it)."""
+    text = f"hi {SHAPES[shape]} [mock:ignore_cap=1] [mock:tokens=815] [mock:pace_ms=5]"
+    with gateway(**output_budget(SMALL)) as base:
+        chunks = list(
+            sdk(base).chat.completions.create(
+                model="small",
+                messages=[{"role": "user", "content": text}],
+                stream=True,
+                user="beta",
+            )
+        )
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+        truth = generated(mock)
+        assert truth <= SMALL + GUARD + per_piece(shape)
+        assert charged_output(base) >= truth
+
+
+def test_a_whole_reply_that_ignores_max_tokens_stays_within_a_small_budget(
+    gateway: Callable[..., Any], sdk: Callable[[str], openai.OpenAI], mock: Mock
+) -> None:
+    """The gateway asks for no more than the budget holds; a provider that generates past
+    that in a reply the gateway cannot cut takes the tenant past its budget."""
+    text = "hi [mock:ignore_cap=1] [mock:tokens=815]"
+    with gateway(**output_budget(SMALL)) as base:
+        sdk(base).chat.completions.create(
+            model="small", messages=[{"role": "user", "content": text}], user="beta"
+        )
+        truth = generated(mock)
+        assert charged_output(base) >= truth
+        assert truth <= SMALL + GUARD
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_a_provider_that_ignores_max_tokens_is_cut_at_it(
+    gateway: Callable[..., Any], sdk: Callable[[str], openai.OpenAI], mock: Mock, shape: str
+) -> None:
+    """A budget with room to spare: only the request's max_tokens stands in the way."""
+    text = f"hi {SHAPES[shape]} [mock:ignore_cap=1] [mock:tokens=300] [mock:pace_ms=5]"
+    with gateway(**output_budget(1_000_000)) as base:
+        chunks = list(
+            sdk(base).chat.completions.create(
+                model="small",
+                messages=[{"role": "user", "content": text}],
+                stream=True,
+                user="beta",
+                max_tokens=50,
+            )
+        )
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+        truth = generated(mock)
+        assert truth <= 50 + GUARD + per_piece(shape)
+        assert charged_output(base) >= truth
+
+
+# -- reasoning in silence ------------------------------------------------------------------------
+
+
+def test_silent_reasoning_is_billed_and_charged(
+    gateway: Callable[..., Any], sdk: Callable[[str], openai.OpenAI], mock: Mock
+) -> None:
+    text = "hi [mock:silent_ms=500] [mock:keepalive_ms=100] [mock:hidden=120] [mock:tokens=30]"
+    with gateway() as base:
+        chunks = list(
+            sdk(base).chat.completions.create(
+                model="small",
+                messages=[{"role": "user", "content": text}],
+                stream=True,
+                user="beta",
+                stream_options={"include_usage": True},
+            )
+        )
+        usage = chunks[-1].usage
+        assert usage is not None and usage.completion_tokens == 150
+        assert usage.completion_tokens_details is not None
+        assert usage.completion_tokens_details.reasoning_tokens == 120
+        assert generated(mock) == 150
+        assert charged_output(base) == 150
+
+
+@pytest.mark.parametrize("keepalive", ["", "[mock:keepalive_ms=200]"], ids=["silent", "pings"])
+def test_silent_reasoning_past_the_ttl_keeps_its_hold(
+    gateway: Callable[..., Any], sdk: Callable[[str], openai.OpenAI], mock: Mock, keepalive: str
+) -> None:
+    """A thinks silently for 5 s before its first byte, with a 1.5 s reservation TTL. B comes
+    at 2.5 s: if A's hold had expired and been reclaimed, both would be served and charged
+    past the budget. (On a machine so slow that B came after A's silence, the test could not
+    see the fault, but would not fail for it either.)
+    """
+    limit = 600
+    overrides = {
+        **output_budget(limit),
+        "gateway.reservation_ttl_seconds": 1.5,
+        # Silence is a read timeout to the gateway: give the thinking room (5 s in the config).
+        "upstreams.0.timeout_seconds": 30,
+    }
+    thinker = f"a [mock:silent_ms=5000] {keepalive} [mock:hidden=200] [mock:tokens=300]"
+    with gateway(**overrides) as base:
+        client = sdk(base)
+        errors: list[BaseException] = []
+
+        def run_a() -> None:
+            try:
+                list(
+                    client.chat.completions.create(
+                        model="small",
+                        messages=[{"role": "user", "content": thinker}],
+                        stream=True,
+                        user="beta",
+                        max_tokens=500,
+                    )
+                )
+            except BaseException as e:  # reported by the main thread
+                errors.append(e)
+
+        a = threading.Thread(target=run_a)
+        a.start()
+        time.sleep(2.5)  # A is still thinking; its hold is 1 s past the TTL
+        refused = None
+        try:
+            list(
+                client.chat.completions.create(
+                    model="small",
+                    messages=[{"role": "user", "content": "b [mock:tokens=300]"}],
+                    stream=True,
+                    user="beta",
+                    max_tokens=500,
+                )
+            )
+        except openai.RateLimitError as e:
+            refused = e.code
+        assert refused in (None, "budget_busy")  # busy: A holds 500 of the 600
+        a.join(timeout=30)
+        assert not a.is_alive() and errors == []
+        truth = generated(mock)
+        assert truth <= limit
+        assert truth <= charged_output(base) <= limit
