@@ -104,6 +104,10 @@ class UpstreamFailed(GatewayError):
     code = "upstream_error"
 
 
+class UpstreamMalformed(UpstreamFailed):
+    """The provider answered 200 but the reply is unusable: it generated (and bills) it."""
+
+
 class ServiceUnavailable(GatewayError):
     status = 503
     type = "server_error"

@@ -61,6 +61,9 @@ class Output(NamedTuple):
     tokens: int  # billed tokens this piece carries, by the provider's counting rules
     choice: int = 0
     tool_call: int | None = None  # index of the tool call, for tool name and arguments
+    # Tokens it surely carries (a lower bound): the gateway's own cap is checked on these,
+    # so a provider that obeys the cap is never cut by an over-count.
+    least: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from hardcap_core.errors import (
     PermissionDenied,
     ServiceUnavailable,
     TooManyRequests,
+    UpstreamMalformed,
 )
 from hardcap_core.gateway.meter import Meter, MeterSettings
 from hardcap_core.gateway.relay import Relay
@@ -53,7 +54,7 @@ from hardcap_core.ledger.estimators import (
 from hardcap_core.logs import logger
 from hardcap_core.outcome import Outcome
 from hardcap_core.providers.base import Provider
-from hardcap_core.wire.base import WireFormat
+from hardcap_core.wire.base import Charged, WireFormat
 
 DEADLINE_MARGIN_S = 3.0  # end and settle a stream this long before Lambda's timeout
 T = TypeVar("T")
@@ -279,15 +280,26 @@ class Gateway:
         cap = meter.reserved if meter.reservation and route.policy.cuts else max_tokens
         try:
             completion = await self.provider.complete(route, chat, cap)
+        except UpstreamMalformed:
+            # It answered 200 with a reply we cannot use: it was generated and is billed, up
+            # to the cap it was sent.
+            meter.received_whole(cap)
+            with anyio.CancelScope(shield=True):
+                await meter.settle(Outcome.UPSTREAM_ERROR)
+            raise
         except BaseException:
             # The provider did not answer: nothing was generated, nothing is charged.
             with anyio.CancelScope(shield=True):
                 await meter.settle(Outcome.UPSTREAM_UNAVAILABLE)
             raise
-        meter.received_whole(completion.tokens)
-        await meter.settle(Outcome.COMPLETED, completion.usage)
+        usage = completion.usage
+        reported = usage is not None and usage.output_tokens is not None
+        # Without the provider's count, a length guess could be low: charge the cap it was sent.
+        meter.received_whole(completion.tokens if reported else max(completion.tokens, cap))
+        await meter.settle(Outcome.COMPLETED, usage)
         same = self.provider.dialect == wire.dialect
-        body = wire.reply(completion, model=route.name, same_dialect=same)
+        charged = Charged(meter.charged_input, meter.charged_output, usage)
+        body = wire.reply(completion, model=route.name, same_dialect=same, charged=charged)
         if self.config.gateway.log_prompts:
             logger.info("completion", extra={"route": route.name, "reply": body})
         headers = admission.headers

@@ -62,8 +62,10 @@ class Relay:
         becomes a proper error status rather than a broken stream. On failure the stream has
         ended (nothing is charged if nothing was generated) and the error propagates.
         """
+        entered = False
         try:
             self._reads = await self._opened.__aenter__()
+            entered = True
             # The hold is refreshed on a timer while the stream lives, tokens or not.
             self._keep_alive = asyncio.create_task(self.meter.keep_alive())
             self._run_gen = self._run()
@@ -71,8 +73,9 @@ class Relay:
             if first is not None:
                 self._head.append(first)
         except BaseException:
-            nothing = self.meter.seen == 0
-            await self.end(Outcome.UPSTREAM_UNAVAILABLE if nothing else Outcome.UPSTREAM_ERROR)
+            # Refused or unreachable: nothing was generated. Once it answered 200, the provider
+            # has taken the request and may bill it: charged like a stream that failed.
+            await self.end(Outcome.UPSTREAM_ERROR if entered else Outcome.UPSTREAM_UNAVAILABLE)
             raise
 
     async def chunks(self) -> AsyncGenerator[bytes, None]:
@@ -169,7 +172,7 @@ class Relay:
         if self._past_deadline():
             return Outcome.DEADLINE
         if event.tokens and not await self.meter.make_room(
-            event.tokens, at_least=len(event.output)
+            event.tokens, at_least=sum(o.least for o in event.output)
         ):
             return Outcome.TRUNCATED
         if self._text is not None:

@@ -32,7 +32,7 @@ import httpx
 from hardcap_core import sse
 from hardcap_core.chat import ChatRequest
 from hardcap_core.config import Route
-from hardcap_core.errors import UpstreamFailed
+from hardcap_core.errors import UpstreamMalformed
 from hardcap_core.events import Completion, Event, FinishReason, Output, OutputKind, Read, Usage
 from hardcap_core.providers.http import (
     CONNECT_TIMEOUT_S,
@@ -73,6 +73,9 @@ AUDIO_NOT_BILLED = frozenset({"id", "expires_at"})  # the audio's id and storage
 # uses the provider's usage. (Compressed formats carry more audio per byte, but cannot be
 # streamed; a whole reply is capped and settled by its usage.)
 AUDIO_BYTES_PER_TOKEN = 1_600
+# OpenAI's own rate for the pcm16 it streams (24 kHz, 1 token per 50 ms): audio surely carries
+# this many tokens, the lower bound the gateway's cap is checked on.
+AUDIO_BYTES_PER_TOKEN_EXACT = 2_400
 CAP_FIELDS = ("max_tokens", "max_completion_tokens")
 MALFORMED = "The provider sent a malformed stream event."
 
@@ -94,12 +97,17 @@ class OpenAICompatible:
             raise transport_error(route.name, e) from e
         if response.status_code >= 400:
             raise status_error(route.name, response.status_code, response.content)
+        # Past this point the provider answered 200: it generated, and bills, the reply.
         try:
             data = response.json()
         except ValueError as e:
-            raise UpstreamFailed(f"Provider for '{route.name}' sent invalid JSON.") from e
+            raise UpstreamMalformed(f"Provider for '{route.name}' sent invalid JSON.") from e
         if not isinstance(data, dict):
-            raise UpstreamFailed(f"Provider for '{route.name}' sent an unexpected body.")
+            raise UpstreamMalformed(f"Provider for '{route.name}' sent an unexpected body.")
+        if "error" in data:
+            error = data["error"]
+            message = error.get("message") if isinstance(error, dict) else error
+            raise UpstreamMalformed(f"The provider for '{route.name}' failed: {message}")
         output = [
             out
             for i, choice in enumerate(_list(data.get("choices")))
@@ -278,7 +286,8 @@ class OpenAICompatible:
             if not value or field in AUDIO_NOT_BILLED:
                 continue
             if field == "data" and type(value) is str:
-                out.append(Output(OutputKind.OTHER, "", audio_tokens(value), choice))
+                least = _decoded_size(value) // AUDIO_BYTES_PER_TOKEN_EXACT
+                out.append(Output(OutputKind.OTHER, "", audio_tokens(value), choice, None, least))
             else:
                 out += self._other(value, choice)
         return out
@@ -305,8 +314,13 @@ def audio_tokens(data: str) -> int:
     """Tokens billed for base64 audio ``data``: its decoded size (3 bytes per 4 characters,
     less the padding) at :data:`AUDIO_BYTES_PER_TOKEN`; at least one. Not decoded: a chunk
     that is not valid base64 still counts by its size."""
+    return max(1, math.ceil(_decoded_size(data) / AUDIO_BYTES_PER_TOKEN))
+
+
+def _decoded_size(data: str) -> int:
+    """Bytes that base64 ``data`` decodes to: 3 per 4 characters, less the padding."""
     padding = 2 if data.endswith("==") else 1 if data.endswith("=") else 0
-    return max(1, math.ceil((len(data) * 3 // 4 - padding) / AUDIO_BYTES_PER_TOKEN))
+    return max(len(data) * 3 // 4 - padding, 0)
 
 
 def _list(value: Any) -> list[Any]:

@@ -60,8 +60,10 @@ class WireFormat(Protocol):
         ``same_dialect`` whether the provider's raw events are already in this format."""
         ...
 
-    def reply(self, completion: Completion, *, model: str, same_dialect: bool) -> dict[str, Any]:
-        """The body of a whole (non-streamed) reply."""
+    def reply(
+        self, completion: Completion, *, model: str, same_dialect: bool, charged: Charged
+    ) -> dict[str, Any]:
+        """The body of a whole (non-streamed) reply; its usage is what was ``charged``."""
         ...
 
     def error_body(self, error: GatewayError) -> dict[str, Any]:

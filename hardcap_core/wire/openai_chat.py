@@ -39,18 +39,26 @@ class OpenAIChat:
     def encoder(self, request: ChatRequest, *, model: str, same_dialect: bool) -> ChunkEncoder:
         return ChunkEncoder(model, include_usage=request.include_usage, passthrough=same_dialect)
 
-    def reply(self, completion: Completion, *, model: str, same_dialect: bool) -> dict[str, Any]:
+    def reply(
+        self, completion: Completion, *, model: str, same_dialect: bool, charged: Charged
+    ) -> dict[str, Any]:
         if same_dialect:
-            return dict(completion.raw, model=model)
+            body = dict(completion.raw, model=model)
+            choices = body.get("choices")
+            # A provider's `choices: [null]` or `usage: 5` would fail the SDKs' types.
+            body["choices"] = (
+                [c for c in choices if isinstance(c, dict)] if isinstance(choices, list) else []
+            )
+            body["usage"] = charged_usage(charged)
+            return body
         message: dict[str, Any] = {"role": "assistant", "content": None}
         for out in completion.output:
             if out.kind in DELTA_FIELD:
                 field = DELTA_FIELD[out.kind]
                 message[field] = (message.get(field) or "") + out.text
-        usage = completion.usage
-        prompt = (usage.input_tokens if usage else None) or 0
-        output = (usage.output_tokens if usage else None) or completion.tokens
         finish = completion.finish or FinishReason.STOP
+        if finish is FinishReason.OTHER:
+            finish = FinishReason.STOP
         return {
             "id": f"chatcmpl-{int(time.time() * 1000)}",
             "object": "chat.completion",
@@ -63,7 +71,7 @@ class OpenAIChat:
                     "finish_reason": finish.value,
                 }
             ],
-            "usage": _usage(prompt, output),
+            "usage": charged_usage(charged),
         }
 
     def error_body(self, error: GatewayError) -> dict[str, Any]:
@@ -92,7 +100,13 @@ class ChunkEncoder:
             return None
         # Usage goes out once, settled, in the closing usage chunk (if the client asked).
         chunk.pop("usage", None)
-        if not chunk.get("choices"):
+        choices = chunk.get("choices")
+        if not isinstance(choices, list):
+            return None
+        if not all(isinstance(c, dict) for c in choices):
+            # A provider's `choices: [null]`: the SDKs would fail on it; what it held is gone.
+            choices = chunk["choices"] = [c for c in choices if isinstance(c, dict)]
+        if not choices:
             return None  # a usage-only chunk: the client gets the settled usage at the end
         chunk["model"] = self.model
         if not self._seen_ids:
@@ -108,15 +122,7 @@ class ChunkEncoder:
         if cut:
             out += sse.encode(self._chunk([{"index": 0, "delta": {}, "finish_reason": "length"}]))
         if self.include_usage:
-            usage: dict[str, Any] = {}
-            if charged.provider_usage is not None and charged.provider_usage.raw is not None:
-                usage = dict(charged.provider_usage.raw)
-            # The counts are what the ledger charged (the provider's report when it made one
-            # the gateway believes); the provider's details ride along.
-            usage["prompt_tokens"] = charged.input_tokens
-            usage["completion_tokens"] = charged.output_tokens
-            usage["total_tokens"] = charged.input_tokens + charged.output_tokens
-            out += sse.encode({**self._chunk([]), "usage": usage})
+            out += sse.encode({**self._chunk([]), "usage": charged_usage(charged)})
         return out + sse.encode(sse.DONE)
 
     def error(self, error: GatewayError) -> bytes:
@@ -167,5 +173,13 @@ def error_body(error: GatewayError) -> dict[str, Any]:
     }
 
 
-def _usage(prompt: int, output: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output}
+def charged_usage(charged: Charged) -> dict[str, Any]:
+    """The usage object the client sees: the counts the ledger charged (the provider's report
+    when it made one the gateway believes), with the provider's details alongside."""
+    usage: dict[str, Any] = {}
+    if charged.provider_usage is not None and charged.provider_usage.raw is not None:
+        usage = dict(charged.provider_usage.raw)
+    usage["prompt_tokens"] = charged.input_tokens
+    usage["completion_tokens"] = charged.output_tokens
+    usage["total_tokens"] = charged.input_tokens + charged.output_tokens
+    return usage

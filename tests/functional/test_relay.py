@@ -416,12 +416,10 @@ async def test_a_provider_that_fails_mid_stream_ends_with_an_error_event(
         (Script([], fail_on_enter=TooManyRequests("busy")), TooManyRequests),
         (Script([], fail_on_enter=UpstreamFailed("answered 500")), UpstreamFailed),
         (Script([], fail_on_enter=UpstreamTimeout("no answer")), UpstreamTimeout),
-        (Script([UpstreamTimeout("no first byte")]), UpstreamTimeout),
-        (Script([[error("refused")]]), UpstreamFailed),
     ],
-    ids=["429-on-open", "500-on-open", "timeout-on-open", "first-read-fails", "first-event-error"],
+    ids=["429-on-open", "500-on-open", "timeout-on-open"],
 )
-async def test_a_provider_that_fails_before_any_output_costs_nothing(
+async def test_a_provider_that_refuses_or_cannot_be_reached_costs_nothing(
     standalone_client: Any, script: Script, raised: type[GatewayError]
 ) -> None:
     s = await stream(standalone_client, script)
@@ -431,6 +429,27 @@ async def test_a_provider_that_fails_before_any_output_costs_nothing(
     assert [data async for data in s.relay.chunks()] == []
     await s.check_ended_once(Outcome.UPSTREAM_UNAVAILABLE)
     assert (s.meter.charged_input, s.meter.charged_output) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("script", "raised"),
+    [
+        (Script([UpstreamTimeout("no first byte")]), UpstreamTimeout),
+        (Script([[error("refused")]]), UpstreamFailed),
+    ],
+    ids=["first-read-fails", "first-event-error"],
+)
+async def test_a_provider_that_fails_after_answering_200_is_charged_like_a_failed_stream(
+    standalone_client: Any, script: Script, raised: type[GatewayError]
+) -> None:
+    """Once it answered 200 it has taken the request and may bill it: count it."""
+    s = await stream(standalone_client, script)
+    with pytest.raises(raised):
+        await s.relay.open()
+    assert [data async for data in s.relay.chunks()] == []
+    await s.check_ended_once(Outcome.UPSTREAM_ERROR)
+    assert s.meter.charged_input == INPUT_ESTIMATE
+    assert s.meter.charged_output >= 1
 
 
 # -- ended without a word from the provider ------------------------------------------------------

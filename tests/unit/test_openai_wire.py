@@ -344,9 +344,33 @@ COMPLETION_RAW = {
 
 def test_a_same_dialect_reply_is_the_providers_with_the_public_model() -> None:
     completion = Completion(COMPLETION_RAW, [out(OutputKind.CONTENT, "Hello")], 1, None, None)
-    reply = OpenAIChat().reply(completion, model=PUBLIC, same_dialect=True)
+    charged = Charged(9, 3, Usage(9, 3, raw=USAGE))
+    reply = OpenAIChat().reply(completion, model=PUBLIC, same_dialect=True, charged=charged)
     assert reply == {**COMPLETION_RAW, "model": PUBLIC}
     assert COMPLETION_RAW["model"] == UPSTREAM  # the provider's object is not changed
+    ChatCompletion.model_validate(reply)
+
+
+@pytest.mark.parametrize(
+    ("broken", "expected_choices"),
+    [
+        ({"choices": [None]}, []),
+        ({"choices": "x"}, []),
+        ({"usage": 5}, COMPLETION_RAW["choices"]),
+        ({"usage": {"prompt_tokens": None}}, COMPLETION_RAW["choices"]),
+    ],
+    ids=["null-choice", "choices-not-a-list", "usage-not-an-object", "usage-with-nulls"],
+)
+def test_a_mangled_reply_reaches_the_client_in_a_shape_its_sdk_reads(
+    broken: dict[str, Any], expected_choices: Any
+) -> None:
+    """The provider's usage object is replaced by what was charged, and choices that are not
+    objects are dropped: the SDK failed validating `choices: [null]` or `usage: 5`."""
+    completion = Completion({**COMPLETION_RAW, **broken}, [], 0, None, None)
+    charged = Charged(40, 25, None)
+    reply = OpenAIChat().reply(completion, model=PUBLIC, same_dialect=True, charged=charged)
+    assert reply["choices"] == expected_choices
+    assert reply["usage"] == {"prompt_tokens": 40, "completion_tokens": 25, "total_tokens": 65}
     ChatCompletion.model_validate(reply)
 
 
@@ -354,7 +378,7 @@ def test_a_same_dialect_reply_is_the_providers_with_the_public_model() -> None:
     ("usage", "prompt", "completion_tokens"),
     [
         (Usage(11, 22), 11, 22),
-        (None, 0, 3),  # no report: the output counted
+        (None, 40, 3),  # the usage shown is what was charged
         (Usage(11, None), 11, 3),
     ],
 )
@@ -368,7 +392,8 @@ def test_an_other_dialect_reply_is_built_from_the_output(
         out(OutputKind.REFUSAL, "no"),
     ]
     completion = Completion({"type": "message"}, outputs, 3, usage, FinishReason.LENGTH)
-    reply = OpenAIChat().reply(completion, model=PUBLIC, same_dialect=False)
+    charged = Charged(prompt, completion_tokens, usage)
+    reply = OpenAIChat().reply(completion, model=PUBLIC, same_dialect=False, charged=charged)
     ChatCompletion.model_validate(reply)
     assert reply["model"] == PUBLIC and reply["object"] == "chat.completion"
     (choice,) = reply["choices"]
@@ -388,7 +413,7 @@ def test_an_other_dialect_reply_is_built_from_the_output(
 
 def test_an_other_dialect_reply_without_a_finish_reason_stopped() -> None:
     completion = Completion({}, [out(OutputKind.CONTENT, "a")], 1, None, None)
-    reply = OpenAIChat().reply(completion, model=PUBLIC, same_dialect=False)
+    reply = OpenAIChat().reply(completion, model=PUBLIC, same_dialect=False, charged=NOTHING)
     assert reply["choices"][0]["finish_reason"] == "stop"
 
 
