@@ -1,12 +1,16 @@
-"""The mock upstream's ground truth: what it really generated and billed, per tenant.
+"""The mock upstream's ground truth: what it really generated and billed, per tenant, and per
+request for requests that carry a client-chosen id in `metadata.hardcap_bench_id`.
 
 Mutated only from the mock server's event loop, so no lock.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from typing import Any
+from typing import Any, Literal
+
+MAX_REQUEST_RECORDS = 100_000  # per-request records kept (the most recent): bounded memory
 
 
 @dataclasses.dataclass
@@ -33,27 +37,65 @@ class TenantTruth:
         return counters
 
 
-class GroundTruth:
-    """Per-tenant counters, mutated only from the server's event loop (so no lock).
+@dataclasses.dataclass
+class RequestTruth:
+    """What the mock really did for one request that carried an id.
 
-    A request holds on to its tenant's `TenantTruth`; after `reset()` requests still in flight
-    update the discarded object, so they never leak into (or drive negative) the new counters.
+    `completion_tokens` is every output token generated and billed for it (hidden reasoning
+    too), counted as it was handed to the server. `state` is "aborted" for an answer that never
+    reached its end (the client or gateway closed the connection, or `die_after` / `eof_after`).
     """
 
-    def __init__(self) -> None:
+    tenant: str
+    prompt_tokens: int
+    completion_tokens: int = 0
+    state: Literal["in_flight", "finished", "aborted"] = "in_flight"
+
+    def as_json(self) -> dict[str, Any]:
+        """The record as `GET /mock/requests` shows it."""
+        return dataclasses.asdict(self)
+
+
+class GroundTruth:
+    """Per-tenant counters and per-request records, mutated only from the server's event loop
+    (so no lock).
+
+    A request holds on to its tenant's `TenantTruth` (and its `RequestTruth`); after `reset()`
+    requests still in flight update the discarded objects, so they never leak into (or drive
+    negative) the new counters.
+    """
+
+    def __init__(self, max_requests: int = MAX_REQUEST_RECORDS) -> None:
         self._tenants: dict[str, TenantTruth] = {}
+        self._requests: collections.OrderedDict[str, RequestTruth] = collections.OrderedDict()
+        self._max_requests = max_requests
 
     def tenant(self, name: str) -> TenantTruth:
         """The live counters of `name`, created on first use."""
         return self._tenants.setdefault(name, TenantTruth())
 
+    def request(self, request_id: str, tenant: str, prompt_tokens: int) -> RequestTruth:
+        """A new record for `request_id` (an id used again replaces the older record); the
+        oldest record is dropped once more than `max_requests` are kept."""
+        record = RequestTruth(tenant, prompt_tokens)
+        self._requests.pop(request_id, None)
+        self._requests[request_id] = record
+        while len(self._requests) > self._max_requests:
+            self._requests.popitem(last=False)
+        return record
+
     def reset(self) -> None:
         """Forget everything recorded so far."""
         self._tenants = {}
+        self._requests = collections.OrderedDict()
 
     def as_json(self) -> dict[str, Any]:
         """The `GET /mock/ground-truth` body."""
         return {"tenants": {name: t.as_json() for name, t in self._tenants.items()}}
+
+    def requests_json(self) -> dict[str, Any]:
+        """The `GET /mock/requests` body: id -> record, oldest first."""
+        return {rid: r.as_json() for rid, r in self._requests.items()}
 
 
 @dataclasses.dataclass
@@ -61,10 +103,13 @@ class Account:
     """One request's entry in the ground truth; `close` counts it as completed or aborted once."""
 
     truth: TenantTruth
+    record: RequestTruth | None = None  # set when the request carried an id
     closed: bool = False
 
     def add_tokens(self, count: int) -> None:
         self.truth.completion_tokens += count
+        if self.record is not None:
+            self.record.completion_tokens += count
 
     def close(self, finished: bool) -> None:
         if self.closed:
@@ -75,3 +120,5 @@ class Account:
             self.truth.completed += 1
         else:
             self.truth.aborted += 1
+        if self.record is not None:
+            self.record.state = "finished" if finished else "aborted"

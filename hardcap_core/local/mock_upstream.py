@@ -7,6 +7,12 @@ sending, so a test can compare the gateway's ledger with what really left the "m
 
 Tenant: the request's `user`, else `metadata.tenant`, else "anonymous".
 
+A request whose `metadata.hardcap_bench_id` is a string also gets its own record, shown by
+`GET /mock/requests` (id -> tenant, prompt and completion tokens billed, state "in_flight",
+"finished" or "aborted"), so a benchmark can join each of its streams with what the mock really
+generated for it. The most recent `mock_truth.MAX_REQUEST_RECORDS` are kept; `POST /mock/reset`
+clears them with the counters. Injected error statuses bill nothing and get no record.
+
 Test directives in the last user message, `[mock:name=value]`, each value a number:
 
 - `status=N`: answer with that error status (not billed).
@@ -191,6 +197,9 @@ def create_mock_app(settings: MockSettings) -> Starlette:
         tenant.prompt_tokens += plan.prompt_tokens
         tenant.in_flight += 1
         account = Account(tenant)
+        request_id = (req.metadata or {}).get("hardcap_bench_id")
+        if isinstance(request_id, str):
+            account.record = truth.request(request_id, req.tenant(), plan.prompt_tokens)
         if req.stream:
             body = stream_events(req, plan, account, settings.first_token_ms)
             if plan.gzip:
@@ -201,6 +210,9 @@ def create_mock_app(settings: MockSettings) -> Starlette:
 
     async def ground_truth(_: Request) -> Response:
         return JSONResponse(truth.as_json())
+
+    async def requests(_: Request) -> Response:
+        return JSONResponse(truth.requests_json())
 
     async def reset(_: Request) -> Response:
         truth.reset()
@@ -220,6 +232,7 @@ def create_mock_app(settings: MockSettings) -> Starlette:
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/mock/ground-truth", ground_truth, methods=["GET"]),
+            Route("/mock/requests", requests, methods=["GET"]),
             Route("/mock/reset", reset, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
         ]

@@ -34,6 +34,7 @@ from hardcap_core.local.mock_plan import (
     estimate_prompt_tokens,
     make_plan,
 )
+from hardcap_core.local.mock_truth import GroundTruth
 from hardcap_core.local.mock_upstream import (
     MockSettings,
     add_mock_arguments,
@@ -420,6 +421,45 @@ def test_reset_clears_ground_truth(mock: MockServer, sdk: openai.OpenAI) -> None
     assert mock.http.get("/mock/ground-truth").json() == {"tenants": {}}
     sdk.chat.completions.create(model="mock-small", messages=ask("[mock:tokens=2]"), user="r")
     assert mock.truth("r")["requests"] == 1
+
+
+def test_requests_with_an_id_are_recorded_one_by_one_until_reset(
+    mock: MockServer, sdk: openai.OpenAI
+) -> None:
+    def tagged(bench_id: Any) -> dict[str, Any]:
+        return {"user": "ids", "metadata": {"hardcap_bench_id": bench_id}}
+
+    whole = sdk.chat.completions.create(
+        model="mock-small", messages=ask("[mock:tokens=4] [mock:hidden=3]"), **tagged("whole")
+    ).usage
+    chunks = list(sdk.chat.completions.create(
+        model="mock-small", messages=ask("[mock:tokens=5]"), stream=True,
+        stream_options={"include_usage": True}, **tagged("streamed"),
+    ))
+    streamed = chunks[-1].usage
+    raw_stream(mock, "[mock:tokens=9] [mock:die_after=2]", "ids", **tagged("cut"))
+    sdk.chat.completions.create(model="mock-small", messages=ask("no id"), user="ids")
+    sdk.chat.completions.create(model="mock-small", messages=ask("a number"), **tagged(7))
+    assert whole is not None and streamed is not None
+    assert whole.completion_tokens == 7  # the hidden reasoning is billed, and recorded
+    assert mock.truth("ids")["in_flight"] == 0
+    records = mock.http.get("/mock/requests").json()
+    assert records == {
+        "whole": {"tenant": "ids", "prompt_tokens": whole.prompt_tokens,
+                  "completion_tokens": 7, "state": "finished"},
+        "streamed": {"tenant": "ids", "prompt_tokens": streamed.prompt_tokens,
+                     "completion_tokens": 5, "state": "finished"},
+        "cut": {"tenant": "ids", "prompt_tokens": records["cut"]["prompt_tokens"],
+                "completion_tokens": 2, "state": "aborted"},
+    }
+    assert records["cut"]["prompt_tokens"] > 0
+    assert mock.http.post("/mock/reset").json() == {"ok": True}
+    assert mock.http.get("/mock/requests").json() == {}
+    # Memory is bounded: only the most recent records are kept.
+    truth = GroundTruth(max_requests=2)
+    for name in ("a", "b", "c"):
+        truth.request(name, "t", 1)
+    assert list(truth.requests_json()) == ["b", "c"]
 
 
 def test_bad_request_body_is_an_openai_error(mock: MockServer) -> None:
