@@ -26,6 +26,10 @@ from bench.http1 import Client
 BUDGET = 20_000
 MAX_TOKENS = 1024
 WARMUP_TENANT = "warmup"
+# The p95 sample is per route and tenant; a tenant with few replies of its own (every measured
+# tenant, at first) gets the median of the tenants' own p95s once three have voted: so three
+# warm-up tenants, each warming its own sample.
+WARMUP_TENANTS = (WARMUP_TENANT, "warmup-2", "warmup-3")
 WARMUP_BUDGET = 10**12
 P95 = {"kind": "p95", "min_samples": 50}
 
@@ -89,8 +93,13 @@ def build_config(
         stack.mock_route(m.name, max_output_tokens=MAX_TOKENS, **m.route) for m in modes
     ]
     data["tenants"] = [stack.tenant_entry(t, BUDGET, window) for t in tenant_ids(tenants)]
-    data["tenants"].append(stack.tenant_entry(WARMUP_TENANT, WARMUP_BUDGET, window))
+    data["tenants"] += warmup_entries(window)
     return data
+
+
+def warmup_entries(window: str) -> list[dict[str, Any]]:
+    """Config entries of the warm-up tenants."""
+    return [stack.tenant_entry(t, WARMUP_BUDGET, window) for t in WARMUP_TENANTS]
 
 
 def choose_window(expected_seconds: float) -> str:
@@ -103,23 +112,31 @@ def choose_window(expected_seconds: float) -> str:
 
 
 def p95_state(redis_url: str, route: str) -> dict[str, int]:
-    """The shared estimator's current value and sample size for ``route``."""
+    """The route's p95 consensus (what a tenant with few replies of its own is reserved) and
+    how many tenants voted for it."""
     with redis.Redis.from_url(redis_url) as r:
-        raw = r.hmget(f"hc:{{est:{route}}}:stats", "q", "n")
-    return {"p95": int(float(raw[0] or 0)), "samples": int(raw[1] or 0)}
+        raw = r.hmget(f"hc:{{est:{route}}}:consensus", "q", "t")
+    return {"p95": int(float(raw[0] or 0)), "tenants": int(raw[1] or 0)}
 
 
 def reset_estimator(redis_url: str, route: str) -> None:
-    """Forget ``route``'s shared p95 sample (before it is warmed again)."""
+    """Forget ``route``'s p95 samples, votes and consensus (before it is warmed again)."""
     with redis.Redis.from_url(redis_url) as r:
-        r.delete(f"hc:{{est:{route}}}:samples", f"hc:{{est:{route}}}:stats")
+        doomed = [
+            *r.scan_iter(match=f"hc:{{est:{route}}}:*"),
+            *r.scan_iter(match=f"hc:*:est:{route}:*"),
+        ]
+        if doomed:
+            r.delete(*doomed)
 
 
 def flush_tenants(redis_url: str) -> int:
-    """Delete every key but the shared estimators' (hc:{est:...}): fresh budgets, warm p95."""
+    """Delete every key but the route-wide estimator keys (hc:{est:...}: votes, consensus) and
+    the warm-up tenants' samples: fresh budgets and samples for the measured tenants, warm p95."""
+    keep = (b"hc:{est:", *(f"hc:{{t:{t}}}:est:".encode() for t in WARMUP_TENANTS))
     deleted = 0
     with redis.Redis.from_url(redis_url) as r:
-        doomed = [k for k in r.scan_iter(count=1000) if not k.startswith(b"hc:{est:")]
+        doomed = [k for k in r.scan_iter(count=1000) if not k.startswith(keep)]
         for i in range(0, len(doomed), 500):
             deleted += int(r.delete(*doomed[i : i + 500]))
     return deleted
@@ -132,15 +149,19 @@ async def warm_up(urls: list[str], mode: Mode, requests: int, concurrency: int =
     ones; without streaming they cost the machine one JSON body each instead of a stream.
     """
     prompt = "Warm the estimator. [mock:pace_ms=0]"
-    body = json.dumps(chat_body(WARMUP_TENANT, mode.name, MAX_TOKENS, prompt, False)).encode()
-    headers = {
-        "authorization": f"Bearer {stack.tenant_key(WARMUP_TENANT)}",
-        "content-type": "application/json",
-    }
+    asks = []
+    for tenant in WARMUP_TENANTS:
+        body = json.dumps(chat_body(tenant, mode.name, MAX_TOKENS, prompt, False)).encode()
+        headers = {
+            "authorization": f"Bearer {stack.tenant_key(tenant)}",
+            "content-type": "application/json",
+        }
+        asks.append((body, headers))
     clients = [Client(u, concurrency) for u in urls]
     slots = asyncio.Semaphore(concurrency)
 
     async def one(i: int) -> None:
+        body, headers = asks[i % len(asks)]
         async with slots:
             status, _, raw = await clients[i % len(clients)].request(
                 "POST", "/chat/completions", body, headers

@@ -45,12 +45,11 @@ from bench import stack
 from bench.budget_runs import (
     MAX_TOKENS,
     MODES,
-    WARMUP_BUDGET,
-    WARMUP_TENANT,
     Mode,
     choose_window,
     flush_tenants,
     warm_up,
+    warmup_entries,
 )
 from bench.harness import REQUEST_TIMEOUT_S, chat_body, retry_after_s
 from bench.http1 import Client, ProtocolError
@@ -90,7 +89,7 @@ def build_config(
         stack.mock_route(m.name, max_output_tokens=MAX_TOKENS, **m.route) for m in modes
     ]
     data["tenants"] = [stack.tenant_entry(t, budget, window) for t in tenants]
-    data["tenants"].append(stack.tenant_entry(WARMUP_TENANT, WARMUP_BUDGET, window))
+    data["tenants"] += warmup_entries(window)
     return data
 
 

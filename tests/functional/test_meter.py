@@ -171,7 +171,8 @@ async def test_a_cut_after_a_hung_ledger_call_charges_what_the_provider_made_mea
             # charged, not just what the 40-token hold would cover.
             assert meter.cut_charge() >= meter.seen + int(100 * hung * 0.8)
             assert meter.cut_charge() > meter.reserved
+            charge = meter.cut_charge()  # the real clock runs on: the settle charges no less
             await meter.settle(Outcome.TRUNCATED)
-            assert meter.charged_output == meter.cut_charge()
+            assert meter.charged_output >= charge
         finally:
             await client.aclose()
