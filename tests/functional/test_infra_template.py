@@ -29,7 +29,10 @@ MAKEFILE = ROOT / "infra" / "Makefile"
 
 # The code each function runs besides the shipped part of hardcap_core. A function added to the
 # template must be added here, or test_every_function_is_mapped fails.
-FUNCTION_CODE = {"GatewayFunction": [ROOT / "functions" / "gateway"]}
+FUNCTION_CODE = {
+    "GatewayFunction": [ROOT / "functions" / "gateway"],
+    "RollupFunction": [ROOT / "functions" / "rollup"],
+}
 
 # Variables the template sets that no Hardcap code reads, and who reads them instead.
 READ_BY_COMPONENT = {
@@ -91,9 +94,7 @@ def shipped_core_modules() -> list[Path]:
     """The hardcap_core modules that go into the artifact."""
     core = ROOT / "hardcap_core"
     dev = dev_only_modules()
-    return sorted(
-        p for p in core.rglob("*.py") if p.relative_to(core).parts[0] not in dev
-    )
+    return sorted(p for p in core.rglob("*.py") if p.relative_to(core).parts[0] not in dev)
 
 
 def function_env(template: dict[str, Any], logical_id: str) -> dict[str, Any]:
@@ -272,9 +273,10 @@ async def test_readiness_path_answers_without_a_key() -> None:
     assert response.status_code == 200
 
 
-def test_config_path_is_in_the_artifact_root() -> None:
+@pytest.mark.parametrize("logical_id", sorted(FUNCTION_CODE))
+def test_config_path_is_in_the_artifact_root(logical_id: str) -> None:
     """HARDCAP_CONFIG names the file the Makefile copies to the artifact's root."""
-    env = function_env(load_template(), "GatewayFunction")
+    env = function_env(load_template(), logical_id)
     assert env["HARDCAP_CONFIG"] == "/var/task/config.yaml"
     assert '"$(ARTIFACTS_DIR)/config.yaml"' in MAKEFILE.read_text()
 
