@@ -1,9 +1,12 @@
-"""The ``hardcap`` command: serve, mock, demo, keys new.
+"""The ``hardcap`` command: serve, mock, demo, usage, keys new.
 
 ``hardcap serve -c config.yaml`` runs the gateway under uvicorn (the local stand-in for the
-Lambda function URL); with no Redis URL configured it starts an embedded, real Valkey.
-``hardcap demo`` brings up Valkey, the mock upstream and the gateway together and shows a
-streamed completion and the tenant's usage.
+Lambda function URL); with no Redis URL configured it starts an embedded, real Valkey, and with
+no usage table configured an embedded DynamoDB (moto), and it runs the rollup on a timer (the
+local stand-in for the scheduled rollup function).
+``hardcap demo`` brings up Valkey, DynamoDB, the mock upstream and the gateway together and
+shows a streamed completion, the tenant's usage, and its spend rolled up into DynamoDB.
+``hardcap usage`` prints spend per tenant, key and model from the usage table.
 
 ``serve``, ``mock`` and ``demo`` stop on SIGTERM as on Ctrl-C: the servers shut down, an embedded
 Valkey is stopped, and the process exits 0.
@@ -19,9 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hardcap_core import env
+from hardcap_core.local.rollup_timer import DEFAULT_INTERVAL_S
 from hardcap_core.local.servers import UVICORN_OPTIONS, Terminated, stop_on_sigterm
+from hardcap_core.local.usage_command import add_usage_arguments, usage_command
 
 if TYPE_CHECKING:
+    from hardcap_core.config.model import Config
+    from hardcap_core.local.aws import LocalAws
+    from hardcap_core.local.rollup_timer import RollupTimer
     from hardcap_core.local.valkey import LocalValkey
 
 # Shipped inside the package, so `hardcap demo` works from an installed wheel.
@@ -37,6 +45,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("-c", "--config", required=True, help="YAML config file")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument(
+        "--no-rollup",
+        dest="rollup",
+        action="store_false",
+        help="no rollup timer and no embedded DynamoDB: usage stays in the cache",
+    )
+    serve.add_argument(
+        "--rollup-interval",
+        type=_positive_seconds,
+        default=DEFAULT_INTERVAL_S,
+        metavar="SECONDS",
+        help=f"seconds between rollups (default {DEFAULT_INTERVAL_S:g})",
+    )
 
     from hardcap_core.local.mock_upstream import add_mock_arguments
 
@@ -50,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--mock-port", type=int, help="the mock upstream's port (default: the config's, 9001)"
     )
     demo.add_argument("--once", action="store_true", help="exit after showing the demo")
+
+    usage = sub.add_parser("usage", help="spend per tenant, key and model, from DynamoDB")
+    add_usage_arguments(usage)
 
     keys = sub.add_parser("keys", help="manage API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
@@ -70,7 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(ns: argparse.Namespace) -> int:
     if ns.command == "serve":
-        return serve_command(ns.config, ns.host, ns.port)
+        return serve_command(
+            ns.config, ns.host, ns.port, rollup=ns.rollup, rollup_interval_s=ns.rollup_interval
+        )
+    if ns.command == "usage":
+        return usage_command(ns)
     if ns.command == "mock":
         from hardcap_core.local.mock_upstream import run_mock, settings_from_args
 
@@ -104,25 +132,80 @@ def embedded_valkey_if_needed(config_path: str) -> LocalValkey | None:
     return server
 
 
-def serve_command(config_path: str, host: str, port: int) -> int:
-    """``hardcap serve``: the gateway under uvicorn until Ctrl-C or SIGTERM."""
+def embedded_aws_if_needed() -> LocalAws | None:
+    """Start a private DynamoDB (moto) when the environment names no usage table and no
+    DynamoDB endpoint; with either set, the user's own store is used (or none)."""
+    from hardcap_core.local.aws import ENDPOINT_VAR, LocalAws, usage_table_var
+
+    if os.environ.get(usage_table_var()) or os.environ.get(ENDPOINT_VAR):
+        return None
+    aws = LocalAws().start()
+    print(
+        f"hardcap: no usage table configured; started an embedded DynamoDB (moto) at {aws.url}"
+        f"\nhardcap: see spend with: {aws.usage_command()}",
+        flush=True,
+    )
+    return aws
+
+
+def rollup_timer_if_possible(config: Config, interval_s: float) -> RollupTimer | None:
+    """The rollup on a timer against the usage table the environment names, if it names one."""
+    from hardcap_core.local.aws import dynamodb_client, usage_table_var
+    from hardcap_core.local.rollup_timer import RollupTimer
+    from hardcap_core.rollup.table import UsageTable
+
+    name = os.environ.get(usage_table_var())
+    if not name:
+        print(f"hardcap: no {usage_table_var()}: no rollup; usage stays in the cache", flush=True)
+        return None
+    timer = RollupTimer(config, UsageTable(dynamodb_client(), name), interval_s=interval_s)
+    print(f"hardcap: rolling usage up into table {name} every {interval_s:g} s", flush=True)
+    return timer.start()
+
+
+def serve_command(
+    config_path: str,
+    host: str,
+    port: int,
+    *,
+    rollup: bool = True,
+    rollup_interval_s: float = DEFAULT_INTERVAL_S,
+) -> int:
+    """``hardcap serve``: the gateway under uvicorn until Ctrl-C or SIGTERM, with the rollup
+    on a timer unless ``rollup`` is false."""
     import uvicorn
 
     from hardcap_core.config import load_config
     from hardcap_core.gateway.app import create_app
 
-    server = None
+    server = aws = timer = None
     try:
         server = embedded_valkey_if_needed(config_path)
-        app = create_app(load_config(config_path))
+        # Before the app: the gateway reads the usage table's name from the environment.
+        aws = embedded_aws_if_needed() if rollup else None
+        config = load_config(config_path)
+        app = create_app(config)
+        timer = rollup_timer_if_possible(config, rollup_interval_s) if rollup else None
         print(f"hardcap: serving {config_path} on http://{host}:{port}/v1", flush=True)
         # Returns after a graceful shutdown on Ctrl-C or SIGTERM: uvicorn raises the signal
         # again once it is done, and both handlers raise a KeyboardInterrupt, which it catches.
         uvicorn.run(app, **UVICORN_OPTIONS, host=host, port=port)
     finally:
-        if server:
-            server.stop()
+        # The timer's last rollup needs the cache and the table; the gateway is done by now.
+        for started in (timer, aws, server):
+            if started is not None:
+                started.stop()
     return 0
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
 
 
 if __name__ == "__main__":

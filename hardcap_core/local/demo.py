@@ -1,9 +1,11 @@
 """``hardcap demo``: the whole stack on one machine, no AWS account, one command.
 
-An embedded Valkey, the mock upstream and the gateway start in this process; then a streamed
-completion goes through the gateway with tenant alpha's demo key, and the tenant's usage is
-printed from ``/v1/hardcap/usage``. Without ``--once`` it keeps serving for curl or an SDK,
-until Ctrl-C or SIGTERM; either stops the servers and the embedded Valkey.
+An embedded Valkey, an embedded DynamoDB (moto), the mock upstream, the gateway and the rollup
+on a timer start in this process; then a streamed completion goes through the gateway with
+tenant alpha's demo key, the tenant's usage is printed from ``/v1/hardcap/usage`` (the cache),
+and after one rollup its spend as ``hardcap usage`` reads it from DynamoDB. Without ``--once``
+it keeps serving for curl or an SDK, until Ctrl-C or SIGTERM; either stops the servers and the
+embedded Valkey and DynamoDB.
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ from hardcap_core.local.servers import ThreadServer
 
 if TYPE_CHECKING:
     from hardcap_core.config.model import Config
+    from hardcap_core.local.aws import LocalAws
+    from hardcap_core.local.rollup_timer import RollupTimer
 
 DEMO_KEY = "sk-alpha-demo"  # tenant alpha's demo key in hardcap_core/local/demo.yaml
+DEMO_TENANT = "alpha"
 
 
 def run_demo(config_path: str, port: int, *, once: bool, mock_port: int | None = None) -> int:
@@ -36,28 +41,36 @@ def run_demo(config_path: str, port: int, *, once: bool, mock_port: int | None =
     """
     from hardcap_core.config import load_config
     from hardcap_core.gateway.app import create_app
+    from hardcap_core.local.aws import LocalAws, dynamodb_client
     from hardcap_core.local.mock_upstream import MockSettings, create_mock_app
+    from hardcap_core.local.rollup_timer import RollupTimer
     from hardcap_core.local.valkey import LocalValkey
     from hardcap_core.logs import logger
+    from hardcap_core.rollup.table import UsageTable
 
     logger.setLevel("WARNING")  # the demo shows the exchange, not the request log
     load_config(config_path)  # a config error shows before anything starts
-    valkey = mock = gateway = None
+    valkey = aws = mock = gateway = timer = None
     try:
         valkey = LocalValkey().start()
         os.environ[env.REDIS_URL] = valkey.url
+        # Sets the environment the gateway reads the usage table's name from.
+        aws = LocalAws().start()
         # Loaded once the variable is set: it overrides the config's redis_url.
         config = _config(config_path, mock_port)
         mock_url = httpx.URL(config.upstreams["mock"].base_url)
         mock = ThreadServer(create_mock_app(MockSettings(pace_ms=15, seed=7)), mock_url.port or 80)
         mock.start()
         gateway = ThreadServer(create_app(config), port).start()
-        return _show(config_path, valkey.url, mock.url, f"{gateway.url}/v1", once=once)
+        timer = RollupTimer(config, UsageTable(dynamodb_client(), aws.table)).start()
+        servers = {"valkey": valkey.url, "mock": mock.url, "base": f"{gateway.url}/v1"}
+        return _show(config_path, servers, aws, timer, once=once)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (hardcap_core.local.servers.Terminated)
         return 0
     finally:
-        # Gateway first: requests in flight still reach the mock and the budget server.
-        for server in (gateway, mock, valkey):
+        # Gateway first: requests in flight still reach the mock and the budget server; then
+        # the timer's last rollup, which needs the budget server and DynamoDB.
+        for server in (gateway, mock, timer, aws, valkey):
             if server is not None:
                 server.stop()
 
@@ -76,14 +89,20 @@ def _config(path: str, mock_port: int | None) -> Config:
     return parse_config(data, source=path)
 
 
-def _show(config_path: str, valkey_url: str, mock_url: str, base: str, *, once: bool) -> int:
-    """Print where everything runs, one streamed completion and the usage; then wait."""
+def _show(
+    config_path: str, servers: dict[str, str], aws: LocalAws, timer: RollupTimer, *, once: bool
+) -> int:
+    """Print where everything runs, one streamed completion, the usage from the cache and
+    from DynamoDB; then wait."""
     say = functools.partial(print, flush=True)  # a pipe (a process manager, tee) sees it now
+    base, mock_url = servers["base"], servers["mock"]
     say(f"Config                          {Path(config_path).resolve()}")
-    say(f"Valkey (embedded, real server)  {valkey_url}")
+    say(f"Valkey (embedded, real server)  {servers['valkey']}")
+    say(f"DynamoDB (embedded, moto)       {aws.url}  table {aws.table}")
     say(f"Mock upstream                   {mock_url}/v1")
     say(f"  its ground truth              {mock_url}/mock/ground-truth")
     say(f"Hardcap gateway                 {base}")
+    say(f"Rollup                          every {timer.interval_s:g} s, cache -> DynamoDB")
     with httpx.Client(base_url=base, headers={"authorization": f"Bearer {DEMO_KEY}"}) as http:
         say("\n$ POST /v1/chat/completions  (model demo, stream, max_tokens 120)\n")
         _stream(http)
@@ -92,16 +111,36 @@ def _show(config_path: str, valkey_url: str, mock_url: str, base: str, *, once: 
         say(_pretty(usage.json()))
         shown = {k: v for k, v in usage.headers.items() if k.startswith(("x-token", "x-rate"))}
         say("\nbudget headers: " + _pretty(shown))
+    _show_rollup(timer, aws)
     if once:
         return 0
     say(
         f"\nServing until Ctrl-C. Try:\n  curl -N {base}/chat/completions "
         f'-H \'authorization: Bearer {DEMO_KEY}\' -d \'{{"model":"demo","stream":true,'
         f'"messages":[{{"role":"user","content":"hi"}}]}}\'\n'
-        f"  curl {base}/hardcap/usage -H 'authorization: Bearer {DEMO_KEY}'"
+        f"  curl {base}/hardcap/usage -H 'authorization: Bearer {DEMO_KEY}'\n"
+        f"  {aws.usage_command()}"
     )
     while True:
         time.sleep(3600)
+
+
+def _show_rollup(timer: RollupTimer, aws: LocalAws) -> None:
+    """One rollup now, then the tenant's spend as ``hardcap usage`` reads it from DynamoDB."""
+    from hardcap_core.local.usage_command import DEFAULT_SINCE
+    from hardcap_core.rollup.report import format_table, parse_time
+
+    report = timer.run_now()
+    records = "record" if report.applied == 1 else "records"
+    print(
+        f"\n$ hardcap usage --tenant {DEMO_TENANT}   (after a rollup: {report.applied} usage "
+        f"{records} from the cache into DynamoDB)\n",
+        flush=True,
+    )
+    now_ms = int(time.time() * 1000)
+    start_ms = parse_time(DEFAULT_SINCE, now_ms)
+    rows = timer.table.usage([DEMO_TENANT], start_ms, now_ms)
+    print(format_table(rows, start_ms, now_ms), flush=True)
 
 
 def _stream(http: httpx.Client) -> None:

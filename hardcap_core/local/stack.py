@@ -100,10 +100,20 @@ def start_gateway(
     command: Sequence[str] = HARDCAP,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
+    rollup: bool = False,
+    options: Sequence[str] = (),
 ) -> Service:
-    """One ``hardcap serve -c config`` process; its log is ``log_dir/gateway-<port>.log``."""
+    """One ``hardcap serve -c config`` process; its log is ``log_dir/gateway-<port>.log``.
+
+    Without ``rollup`` it runs ``--no-rollup``: a gateway alone, as on Lambda, where the rollup
+    is a function of its own; several gateways and a benchmark's load share no rollup work.
+    With it, the gateway runs the rollup on a timer against the usage table ``env`` (or this
+    environment) names, or against an embedded DynamoDB it starts. ``options`` go on
+    ``serve``'s command line (``--rollup-interval``, ...)."""
     port = free_port()
-    args = [*command, "serve", "-c", str(config), "--port", str(port)]
+    args = [*command, "serve", "-c", str(config), "--port", str(port), *options]
+    if not rollup:
+        args.append("--no-rollup")
     return launch("gateway", args, port, log_dir / f"gateway-{port}.log", env=env, cwd=cwd)
 
 

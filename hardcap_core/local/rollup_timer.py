@@ -1,0 +1,142 @@
+"""The rollup on a timer, for local runs: what the EventBridge schedule does on AWS.
+
+``hardcap serve`` and ``hardcap demo`` start one next to the gateway. It runs
+:func:`hardcap_core.rollup.run.run_rollup` every few seconds (the schedule on AWS runs it every
+minute; locally a shorter period shows spend sooner) in a thread of its own, with its own event
+loop and its own cache client, so a slow DynamoDB call never stalls a request. A run that fails
+is logged and the next one tries again, as the next scheduled invocation would. :meth:`stop`
+runs one last rollup, so what was settled before the process exits is in the table.
+
+Not shipped to Lambda (the artifact leaves ``hardcap_core/local/`` out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import TYPE_CHECKING, Any
+
+from hardcap_core.logs import logger
+
+if TYPE_CHECKING:
+    from hardcap_core.config.model import Config
+    from hardcap_core.rollup.run import RollupReport
+    from hardcap_core.rollup.table import UsageTable
+
+DEFAULT_INTERVAL_S = 5.0
+
+
+class RollupTimer:
+    """``run_rollup`` every ``interval_s`` seconds until :meth:`stop`, then once more."""
+
+    def __init__(
+        self, config: Config, table: UsageTable, *, interval_s: float = DEFAULT_INTERVAL_S
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"rollup interval must be positive, got {interval_s}")
+        self.config = config
+        self.table = table
+        self.interval_s = interval_s
+        self.runs = 0  # completed runs, failed or not
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._lock: asyncio.Lock | None = None
+        self._client: Any = None
+        self._ready = threading.Event()
+
+    def start(self) -> RollupTimer:
+        """Start the timer's thread; the first run comes one period from now."""
+        self._thread = threading.Thread(target=self._main, name="hardcap-rollup", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the rollup timer's event loop did not start")
+        return self
+
+    def run_now(self, timeout_s: float = 60.0) -> RollupReport:
+        """Run one rollup now (between the timer's runs, never during one); raises its error."""
+        loop = self._running_loop()
+        return asyncio.run_coroutine_threadsafe(self._run_once(), loop).result(timeout_s)
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Run a last rollup, close the cache client and end the thread."""
+        thread, loop, stopping = self._thread, self._loop, self._stopping
+        if thread is None or loop is None or stopping is None or not thread.is_alive():
+            return
+        loop.call_soon_threadsafe(stopping.set)
+        thread.join(timeout_s)
+        if thread.is_alive():
+            logger.warning(
+                "rollup timer: the last rollup did not finish", extra={"timeout_s": timeout_s}
+            )
+
+    def __enter__(self) -> RollupTimer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None or self._thread is None or not self._thread.is_alive():
+            raise RuntimeError("the rollup timer is not running")
+        return self._loop
+
+    def _main(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._ready.set()
+        try:
+            while not self._stopping.is_set():
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), self.interval_s)
+                except TimeoutError:
+                    await self._run_logged()
+            await self._run_logged()  # the last one: what settled before the stop is kept
+        finally:
+            if self._client is not None:
+                await self._client.aclose()
+
+    async def _run_logged(self) -> None:
+        try:
+            await self._run_once()
+        except Exception:
+            # As the next scheduled invocation would on AWS, the next run tries again: the
+            # streams keep what this one did not apply.
+            logger.exception("rollup failed; the next run retries")
+
+    async def _run_once(self) -> RollupReport:
+        from hardcap_core.rollup.run import run_rollup
+
+        assert self._lock is not None  # set before the loop serves anything
+        async with self._lock:
+            try:
+                report = await run_rollup(self.config, await self._cache(), self.table)
+            finally:
+                self.runs += 1
+        logger.info(
+            f"rollup applied {report.applied} records from {report.streams} streams",
+            extra={
+                "applied": report.applied,
+                "streams": report.streams,
+                "skipped_busy": report.skipped_busy,
+                "replayed": report.replayed,
+                "lag_s": report.lag_s,
+                "stalled": report.stalled,
+            },
+        )
+        return report
+
+    async def _cache(self) -> Any:
+        """The timer's own cache client, made on first use (a failure is retried next run)."""
+        if self._client is None:
+            from hardcap_core.ledger.connection import connect
+
+            gateway = self.config.gateway
+            if not gateway.redis_url:
+                raise RuntimeError("the rollup needs gateway.redis_url (or HARDCAP_REDIS_URL)")
+            self._client = await connect(gateway.redis_url, cluster=gateway.redis_cluster)
+        return self._client
