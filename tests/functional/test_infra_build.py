@@ -176,6 +176,65 @@ print(json.dumps({"core": hardcap_core.__file__, "lua": str(scripts.lua_dir()),
     assert found["handler"] is True
 
 
+@pytest.fixture(scope="module")
+def rollup_artifact(artifact: Path) -> Path:
+    """The rollup function's artifact, from the same `sam build`."""
+    return artifact.parent / "RollupFunction"
+
+
+def test_rollup_artifact_is_the_same_recipe_with_its_handler(
+    rollup_artifact: Path, artifact: Path
+) -> None:
+    top = {p.name for p in rollup_artifact.iterdir()}
+    assert {"app.py", "config.yaml", "hardcap_core"} <= top
+    assert not {"run.sh", "buffered.py"} & top, "the gateway's entry points"
+    assert not top & set(FORBIDDEN), f"not for the artifact: {sorted(top & set(FORBIDDEN))}"
+    assert "bin" not in top and not {"boto3", "botocore"} & top
+    assert (rollup_artifact / "app.py").read_bytes() == (
+        ROOT / "functions" / "rollup" / "app.py"
+    ).read_bytes()
+    shipped = {p.name for p in (rollup_artifact / "hardcap_core").iterdir()}
+    assert {"local", "cli.py"} <= dev_only_modules() and not shipped & dev_only_modules()
+    assert (rollup_artifact / "config.yaml").read_bytes() == (
+        ROOT / "examples/config.yaml"
+    ).read_bytes()
+    lua = {p.name: p.read_bytes() for p in (rollup_artifact / "hardcap_core" / "lua").glob("*.lua")}
+    assert lua == {p.name: p.read_bytes() for p in (ROOT / "lua").glob("*.lua")}
+
+    # Everything but the handler files (and their bytecode) is what the gateway ships.
+    def tree(root: Path) -> set[str]:
+        files = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+        handlers = ("run.sh", "buffered.py", "app.py", "__pycache__/buffered.", "__pycache__/app.")
+        return {f for f in files if not f.startswith(handlers)}
+
+    assert tree(rollup_artifact) == tree(artifact)
+
+
+def test_rollup_handler_imports_from_the_artifact(rollup_artifact: Path, tmp_path: Path) -> None:
+    """app.py and the shipped hardcap_core, with this machine's dependencies; building the
+    rollup (config, table, cache settings) at import needs no network."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "hardcap_core").symlink_to(rollup_artifact / "hardcap_core")
+    shutil.copy(rollup_artifact / "app.py", shim / "app.py")
+    probe = "import app, json; print(json.dumps({'handler': callable(app.handler)}))"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(shim),
+        "HARDCAP_CONFIG": str(rollup_artifact / "config.yaml"),
+        "HARDCAP_USAGE_TABLE": "hardcap-usage",
+        "HARDCAP_REDIS_URL": "redis://127.0.0.1:1",
+        "HARDCAP_REDIS_CLUSTER": "false",
+        "POWERTOOLS_LOG_LEVEL": "WARNING",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=shim, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == {"handler": True}
+
+
 PYTHON313 = find_python313()
 DEMO_KEY = "sk-alpha-demo"  # tenant alpha's key in hardcap_core/local/demo.yaml
 
