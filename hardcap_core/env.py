@@ -12,3 +12,6 @@ CONFIG_PATH = "HARDCAP_CONFIG"
 REDIS_URL = "HARDCAP_REDIS_URL"
 # "true" when the budget server is in cluster mode (ElastiCache Serverless always is).
 REDIS_CLUSTER = "HARDCAP_REDIS_CLUSTER"
+# Name of the DynamoDB table of the durable usage ledger (unset: no durable store, no rollup).
+# boto3 reaches it at AWS_ENDPOINT_URL_DYNAMODB (or AWS_ENDPOINT_URL) when set: a local moto.
+USAGE_TABLE = "HARDCAP_USAGE_TABLE"

@@ -1,8 +1,9 @@
 """Every error Hardcap raises, in one tree.
 
 Lower-level errors are translated into these at one boundary each: redis-py's in
-:mod:`hardcap_core.ledger.connection`, httpx's and providers' error statuses in
-:mod:`hardcap_core.providers.http`, bad bodies in the wire format's parser. The app turns a
+:mod:`hardcap_core.ledger.connection`, botocore's (DynamoDB) in :mod:`hardcap_core.rollup.table`,
+httpx's and providers' error statuses in :mod:`hardcap_core.providers.http`, bad bodies in the
+wire format's parser. The app turns a
 :class:`GatewayError` into the error body of the endpoint's wire format (for OpenAI chat:
 :func:`hardcap_core.wire.openai_chat.error_body`), so the official SDKs raise the matching
 exception (``AuthenticationError``, ``RateLimitError``, ...).
@@ -29,6 +30,10 @@ class ReservationReused(HardcapError):
 
 class LedgerProtocolError(HardcapError):
     """A script answered something the client does not understand (a version mismatch)."""
+
+
+class DurableStoreUnavailable(HardcapError):
+    """The durable ledger (DynamoDB) could not be reached or refused the call."""
 
 
 class GatewayError(HardcapError):

@@ -1,9 +1,9 @@
 -- admit.lua: check rate limits and every budget a request touches, then reserve its estimate.
 --
--- KEYS[1..7] the ledger keys every script takes (lib.lua: reserved, res, exp, rl, expired,
---            expired_at, live)
--- KEYS[8]    hc:{root}:s:<reservation id>  string  set once this id was settled
--- KEYS[9..]  hc:{root}:u:<window spec>:<window id>  hash  budget field -> used, one key per window
+-- KEYS[1..9] the ledger keys every script takes (lib.lua: reserved, res, exp, rl, expired,
+--            expired_at, live, usage, restored)
+-- KEYS[10]   hc:{root}:s:<reservation id>  string  set once this id was settled
+-- KEYS[11..] hc:{root}:u:<window spec>:<window id>  hash  budget field -> used, one key per window
 --
 -- ARGV[1]  reservation id (unique per request)
 -- ARGV[2]  reservation TTL, ms (a live stream refreshes it with extend)
@@ -14,8 +14,8 @@
 --                 x: 1 to CHARGE the hold if it expires unsettled (0: return it to the tenant),
 --                 na: not after: server ms past which this call must reserve nothing (0: none),
 --                 lv: the scope's level tags (its live reservations are counted per level),
---                 m: {rt: route, md: upstream model, k: key id, rq: request id, tn: tenant},
---                    kept on the reservation record for the usage record settle writes}
+--                 m: {rt, md, k, rq, tn, og, pv} (lib.lua: meta), kept on the reservation
+--                    record for the usage record an expiry writes, and put on a refusal's}
 --
 -- Units: tokens; money in integer nano-USD; times in epoch ms from the server's TIME.
 --
@@ -29,6 +29,7 @@
 --                                       nothing is reserved; a reply it reads means its clock
 --                                       guess was off and it may call again)
 -- Reply, windows:   {'windows', now_ms, spec...}  (an expired hold needs these windows named)
+-- Reply, restore:   {'hydrate', now_ms}  (the counters are not in place: restore, call again)
 -- Reply, reused id: {'settled', now_ms}  (this id was settled already; nothing changes)
 --                   {'expired', now_ms}  (this id expired and was charged; nothing changes)
 -- <budget state> = n, then n pairs (remaining, reset_ms) in the order of ARGV b
@@ -39,7 +40,8 @@
 -- even with nothing in flight) it is shrunk to what the budgets still hold, but never below
 -- `mo`. A refusal that would fit with nothing in flight is 'busy'; one that would not fit even
 -- with nothing used is 'never'; otherwise 'exceeded'.
--- A refused request changes nothing but the reclaiming of expired reservations.
+-- A refused request changes nothing but the reclaiming of expired reservations, and appends a
+-- usage record of the refusal (outcome busy, exceeded, never or rate).
 -- Admitting an id that is already held is a replay (a client retry after a lost reply): it
 -- answers 'ok' with the existing reservation and reserves nothing more.
 
@@ -47,10 +49,11 @@ local rid, ttl = ARGV[1], tonumber(ARGV[2])
 local spec = cjson.decode(ARGV[3])
 local now = now_ms()
 if not windows_current(spec.w, now) then return {'clock', now} end
-if redis.call('EXISTS', KEYS[8]) == 1 then return {'settled', now} end
+if not restored() then return {'hydrate', now} end
+if redis.call('EXISTS', KEYS[10]) == 1 then return {'settled', now} end
 if redis.call('HEXISTS', KEYS[K_EXPIRED], rid) == 1 then return {'expired', now} end
 if (spec.na or 0) > 0 and now > spec.na then return {'late', now} end
-local used_keys = used_keys_from(9)
+local used_keys = used_keys_from(11)
 local missing = reclaim(now, spec, used_keys)
 if missing then return needs_windows(now, missing) end
 
@@ -123,6 +126,7 @@ end
 local used, reserved = read_counts(used_keys, spec.b)
 
 local function budget_reply(kind, what, retry)
+  append_record('r', rid, spec.m, {oc = kind, n = 1, t0 = now})
   local reply = {kind, now, what, retry}
   append_budget_state(reply, spec.b, spec.w, used, reserved, now)
   for _, v in ipairs(rate_state) do table.insert(reply, v) end
@@ -201,7 +205,7 @@ local levels = spec.lv or {}
 for _, tag in ipairs(levels) do redis.call('HINCRBY', KEYS[K_LIVE], tag, 1) end
 local rec = {f = fields, d = dims, i = est_in, o = out, pi = pin, po = pout,
              tb = bucket_take, r = bucket_levels, m = spec.m, lv = levels,
-             x = (spec.x == 1) and 1 or 0}
+             x = (spec.x == 1) and 1 or 0, t = now}
 redis.call('HSET', KEYS[K_RES], rid, cjson.encode(rec))
 redis.call('ZADD', KEYS[K_EXP], now + ttl, rid)
 keep_alive(ttl + minute, KEYS[K_RESERVED], KEYS[K_RES], KEYS[K_EXP], KEYS[K_LIVE])

@@ -1,8 +1,8 @@
 -- extend.lua: grow a live reservation by up to N output tokens, or refuse; refresh its expiry.
 --
--- KEYS[1..7] the ledger keys every script takes (lib.lua: reserved, res, exp, rl, expired,
---            expired_at, live)
--- KEYS[8..]  hc:{root}:u:<window spec>:<window id>  hash  budget field -> used
+-- KEYS[1..9] the ledger keys every script takes (lib.lua: reserved, res, exp, rl, expired,
+--            expired_at, live, usage, restored)
+-- KEYS[10..] hc:{root}:u:<window spec>:<window id>  hash  budget field -> used
 --
 -- ARGV[1]  reservation id
 -- ARGV[2]  output tokens wanted (0 only refreshes the expiry: a heartbeat for slow streams)
@@ -26,7 +26,7 @@ least = math.max(math.min(least, want), 1)  -- never ask for more than is wanted
 local spec = cjson.decode(ARGV[5])
 local now = now_ms()
 if not windows_current(spec.w, now) then return {'clock', now} end
-local used_keys = used_keys_from(8)
+local used_keys = used_keys_from(10)
 local missing = reclaim(now, spec, used_keys)
 if missing then return needs_windows(now, missing) end
 

@@ -10,7 +10,7 @@
 --     a field is '<level tag>:<dim>:<window spec>', so its window spec is its last part;
 --   * a window row is {start_ms, end_ms, window spec} of the window the client computed for each
 --     used key; the rows past the scope's own are windows only reclaim needs (see reclaim);
---   * every ledger script takes the same first seven keys, all under the hierarchy's hash tag:
+--   * every ledger script takes the same first nine keys, all under the hierarchy's hash tag:
 local K_RESERVED = 1    -- hc:{root}:reserved    hash  budget field -> amount held by live holds
 local K_RES = 2         -- hc:{root}:res         hash  reservation id -> JSON record
 local K_EXP = 3         -- hc:{root}:exp         zset  reservation id -> expiry, epoch ms
@@ -18,15 +18,30 @@ local K_RL = 4          -- hc:{root}:rl          hash  rate-limit state per leve
 local K_EXPIRED = 5     -- hc:{root}:expired     hash  reservation id -> JSON: what expiry charged
 local K_EXPIRED_AT = 6  -- hc:{root}:expired_at  zset  reservation id -> when that is forgotten
 local K_LIVE = 7        -- hc:{root}:live        hash  level tag -> live reservations holding on it
+local K_USAGE = 8       -- hc:{root}:usage       stream  one usage record per charge or refusal
+local K_RESTORED = 9    -- hc:{root}:restored    string  set once the counters were restored from
+                        --                       the durable ledger (hydrate.lua); while it is
+                        --                       missing (a new or flushed cache) admit, settle
+                        --                       and usage answer {'hydrate', now_ms}
 --
 -- A reservation record (K_RES): {f: fields, d: dims, i: input, o: output held, pi/po: prices,
 --   tb: tokens the buckets gave, r: [[level tag, tpm]...], m: meta, lv: level tags,
---   x: 1 to be charged (not refunded) when it expires}
+--   x: 1 to be charged (not refunded) when it expires, t: admitted at, ms}
+-- Meta (m): {rt: route, md: upstream model, k: key id, rq: request id, tn: tenant, og: org,
+--   pv: upstream (provider) name}: what a usage record says about who spent and where.
+-- A usage record (K_USAGE; parsed by hardcap_core/rollup/records.py): v, kind (s settle,
+--   x expiry charge, r refusal), rid, tn, org, k, rt, md, pv, rq, oc (outcome), est (1: the
+--   amounts are an estimate), n (requests it counts), in, out, rs (reasoning), ci (cached
+--   input), usd (nUSD), t0 (admitted at, ms); amounts are what the record adds to spend.
 -- An expiry record (K_EXPIRED): {c: [[field, dim, used key]...] charged, i, o, pi, po: the counts
 --   and prices charged, r: bucket levels, m: meta, e: 1 (an estimate: the provider's count never
 --   arrived)}
 
 local DAY_MS = 86400000
+-- A usage stream is trimmed by the rollup once its records are in the durable ledger. This cap
+-- only keeps a cache whose rollup stopped from filling up: about 200 MB of records per
+-- hierarchy, more than a day of records at 10 requests a second.
+local USAGE_MAXLEN = 1000000
 local RECLAIM_BATCH = 256
 local FORGET_BATCH = 64
 
@@ -77,6 +92,31 @@ local function charge(used_key, window_end, field, n)
   redis.call('PEXPIREAT', used_key, window_end + DAY_MS, 'NX')
 end
 
+-- An integer as Redis stores it: whole digits, never '1e+15'.
+local function int(x)
+  return string.format('%d', x)
+end
+
+-- Append a usage record: `kind` 's' | 'x' | 'r', meta `m` (see above), counts `c`:
+-- {oc, est, n, i, o, rs, ci, usd, t0}.
+local function append_record(kind, rid, m, c)
+  m = m or {}
+  redis.call('XADD', KEYS[K_USAGE], 'MAXLEN', '~', USAGE_MAXLEN, '*',
+    'v', '1', 'kind', kind, 'rid', rid,
+    'tn', m.tn or '', 'org', m.og or '', 'k', m.k or '', 'rt', m.rt or '', 'md', m.md or '',
+    'pv', m.pv or '', 'rq', m.rq or '',
+    'oc', c.oc, 'est', c.est or 0, 'n', c.n or 1,
+    'in', int(c.i or 0), 'out', int(c.o or 0), 'rs', int(c.rs or 0), 'ci', int(c.ci or 0),
+    'usd', int(c.usd or 0), 't0', int(c.t0 or 0))
+end
+
+-- Whether this hierarchy's counters are in place: restored from the durable ledger after the
+-- cache was created or lost them (see hydrate.lua). Until then a script that reads or changes
+-- them answers {'hydrate', now} and changes nothing.
+local function restored()
+  return redis.call('EXISTS', KEYS[K_RESTORED]) == 1
+end
+
 -- Release a reservation record's amounts from the reserved hash and its live counts.
 local function release(rec)
   for i, f in ipairs(rec.f) do
@@ -107,9 +147,8 @@ local function windows_by_spec(windows, used_keys)
 end
 
 -- Charge an expired reservation its hold, in the windows current now, and remember what was
--- charged so that a settle arriving after all charges only the difference.
--- (The usage record of a request whose settle never came is to be written here, from rec.m,
--- marked as an estimate: e = 1.)
+-- charged so that a settle arriving after all charges only the difference. Its usage record
+-- says so: outcome 'expired', an estimate.
 local function charge_expired(rid, rec, by, now, memory)
   local rows = {}
   for i, f in ipairs(rec.f) do
@@ -120,6 +159,8 @@ local function charge_expired(rid, rec, by, now, memory)
   correct_buckets(rec.r, rec.i + rec.o - rec.tb, now)
   local x = {c = rows, i = rec.i, o = rec.o, pi = rec.pi, po = rec.po, r = rec.r, m = rec.m, e = 1}
   redis.call('HSET', KEYS[K_EXPIRED], rid, cjson.encode(x))
+  append_record('x', rid, rec.m, {oc = 'expired', est = 1, n = 1, i = rec.i, o = rec.o,
+                                  usd = amount('usd', rec.i, rec.o, rec.pi, rec.po), t0 = rec.t})
   redis.call('ZADD', KEYS[K_EXPIRED_AT], now + memory, rid)
   keep_alive(memory + 60000, KEYS[K_EXPIRED], KEYS[K_EXPIRED_AT])
 end

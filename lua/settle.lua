@@ -1,16 +1,19 @@
 -- settle.lua: release a reservation and charge what was really used. Idempotent by reservation id.
 --
--- KEYS[1..7] the ledger keys every script takes (lib.lua: reserved, res, exp, rl, expired,
---            expired_at, live)
--- KEYS[8]    hc:{root}:s:<reservation id>  string  marker: this reservation was settled
--- KEYS[9..]  hc:{root}:u:<window spec>:<window id>  hash  budget field -> used
+-- KEYS[1..9] the ledger keys every script takes (lib.lua: reserved, res, exp, rl, expired,
+--            expired_at, live, usage, restored)
+-- KEYS[10]   hc:{root}:s:<reservation id>  string  marker: this reservation was settled
+-- KEYS[11..] hc:{root}:u:<window spec>:<window id>  hash  budget field -> used
 --
 -- ARGV[1]  reservation id
 -- ARGV[2]  input tokens actually used
 -- ARGV[3]  output tokens actually used
 -- ARGV[4]  how long to remember the settle for idempotency, ms
 -- ARGV[5]  JSON: {b: [[field, dim, limit, used_key_index]...], w: [[start_ms, end_ms, spec]...],
---                 xm: ms an expiry charge is remembered, pi/po: nUSD per input/output token}
+--                 xm: ms an expiry charge is remembered, pi/po: nUSD per input/output token,
+--                 u: the usage record's own fields: {m: meta (lib.lua), oc: outcome,
+--                    est: 1 if the counts are the gateway's estimate, rs: reasoning tokens,
+--                    ci: cached input tokens}}
 --
 -- Units: tokens; money in integer nano-USD; times in epoch ms from the server's TIME.
 --
@@ -24,9 +27,12 @@
 --                   that was not charged).
 -- Reply, repeated:  {'dup', now_ms}   this id was settled before; nothing was charged again
 -- Reply, bad clock: {'clock', now_ms}
+-- Reply, restore:   {'hydrate', now_ms}  (the counters are not in place: restore, call again)
 -- <budget state> = n, then n pairs (remaining, reset_ms) in the order of ARGV b
 --
--- Usage is charged to the window current at settle time. A token bucket is corrected by the
+-- Every settle that charges appends one usage record (lib.lua) with what it added: the real
+-- counts, or after an expiry charge the difference to it (n = 0: the expiry record counted the
+-- request). Usage is charged to the window current at settle time. A token bucket is corrected by the
 -- difference between what admission took (or expiry charged) and what was used, and may go
 -- negative: it then refuses new requests until it refills. Settle does not reclaim others.
 
@@ -34,14 +40,17 @@ local rid, inp, out, remember = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), t
 local spec = cjson.decode(ARGV[5])
 local now = now_ms()
 if not windows_current(spec.w, now) then return {'clock', now} end
-if redis.call('EXISTS', KEYS[8]) == 1 then return {'dup', now} end
+if not restored() then return {'hydrate', now} end
+if redis.call('EXISTS', KEYS[10]) == 1 then return {'dup', now} end
 
 local had, charged_at_expiry = 0, 0
+local t0, xi, xo, xusd = 0, 0, 0, 0  -- admitted at; what an expiry charged
 local before = {}  -- budget field -> {amount expiry charged, used key it went to}
 local raw = redis.call('HGET', KEYS[K_RES], rid)
 if raw then
   had = 1
   local rec = cjson.decode(raw)
+  t0 = rec.t or 0
   release(rec)
   redis.call('HDEL', KEYS[K_RES], rid)
   redis.call('ZREM', KEYS[K_EXP], rid)
@@ -51,6 +60,7 @@ else
   if xraw then
     charged_at_expiry = 1
     local x = cjson.decode(xraw)
+    xi, xo, xusd = x.i, x.o, amount('usd', x.i, x.o, x.pi, x.po)
     for _, row in ipairs(x.c) do
       before[row[1]] = {amount(row[2], x.i, x.o, x.pi, x.po), row[3]}
     end
@@ -60,7 +70,7 @@ else
   end
 end
 
-local used_keys = used_keys_from(9)
+local used_keys = used_keys_from(11)
 for _, b in ipairs(spec.b) do
   local key = used_keys[b[4]]
   local a = amount(b[2], inp, out, spec.pi, spec.po)
@@ -75,7 +85,12 @@ end
 for j, w in ipairs(spec.w) do
   redis.call('PEXPIREAT', used_keys[j], w[2] + 86400000, 'NX')
 end
-redis.call('SET', KEYS[8], 1, 'PX', remember)
+redis.call('SET', KEYS[10], 1, 'PX', remember)
+local u = spec.u or {}
+append_record('s', rid, u.m, {
+  oc = u.oc or 'completed', est = u.est or 0, n = 1 - charged_at_expiry,
+  i = inp - xi, o = out - xo, rs = u.rs or 0, ci = u.ci or 0,
+  usd = amount('usd', inp, out, spec.pi, spec.po) - xusd, t0 = t0})
 
 local used, reserved = read_counts(used_keys, spec.b)
 local reply = {'ok', now, had, charged_at_expiry}

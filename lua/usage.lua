@@ -1,8 +1,8 @@
 -- usage.lua: read used, reserved and reset for each budget, after reclaiming expired reservations.
 --
--- KEYS[1..7] the ledger keys every script takes (lib.lua: reserved, res, exp, rl, expired,
---            expired_at, live)
--- KEYS[8..]  hc:{root}:u:<window spec>:<window id>  hash  budget field -> used
+-- KEYS[1..9] the ledger keys every script takes (lib.lua: reserved, res, exp, rl, expired,
+--            expired_at, live, usage, restored)
+-- KEYS[10..] hc:{root}:u:<window spec>:<window id>  hash  budget field -> used
 --
 -- ARGV[1]  JSON: {b: [[field, dim, limit, used_key_index]...], w: [[start_ms, end_ms, spec]...],
 --                 xm: ms an expiry charge is remembered, lv: level tags whose live count to read}
@@ -12,6 +12,7 @@
 -- Reply:            {'ok', now_ms, m, then m live counts (reservations holding on each level of
 --                    ARGV lv, in order), n, then n triples (used, reserved, reset_ms)}
 -- Reply, bad clock: {'clock', now_ms}
+-- Reply, restore:   {'hydrate', now_ms}  (the counters are not in place: restore, call again)
 -- Reply, windows:   {'windows', now_ms, spec...}  (an expired hold needs these windows named)
 --
 -- Live counts are per level, never the hierarchy's whole set: a tenant sees its own requests in
@@ -20,7 +21,8 @@
 local spec = cjson.decode(ARGV[1])
 local now = now_ms()
 if not windows_current(spec.w, now) then return {'clock', now} end
-local used_keys = used_keys_from(8)
+if not restored() then return {'hydrate', now} end
+local used_keys = used_keys_from(10)
 local missing = reclaim(now, spec, used_keys)
 if missing then return needs_windows(now, missing) end
 local used, reserved = read_counts(used_keys, spec.b)

@@ -10,7 +10,7 @@ from enum import StrEnum
 from typing import Literal
 
 from hardcap_core.auth import KeyIndex
-from hardcap_core.budgets import Prices, Scope
+from hardcap_core.budgets import Level, LevelKind, Prices, Scope
 from hardcap_core.config.schema import ConfigFile, EstimatorSettings, GatewaySettings
 from hardcap_core.config.secrets import KeySource, resolve_api_key
 
@@ -98,3 +98,25 @@ class Config:
         Raises KeyError for an unknown tenant.
         """
         return self.tenant_scopes[tenant_id]
+
+    def roots(self) -> list[Level]:
+        """The root of every tenant hierarchy (an org, or a tenant without one), in order."""
+        return list(dict.fromkeys(s.root for s in self.tenant_scopes.values()))
+
+    def principal_by_id(self, key_id: str) -> Principal | None:
+        """The principal of the key with id ``key_id`` (not for authentication)."""
+        return next((p for p in self.keys.principals() if p.key_id == key_id), None)
+
+    def hierarchy(self, root: Level) -> Scope:
+        """Every level under ``root`` (its keys, its tenants, then root) and all their budgets:
+        what a lost cache must get back for that hierarchy."""
+        scopes = [p.scope for p in self.keys.principals() if p.scope.root == root]
+        scopes += [s for s in self.tenant_scopes.values() if s.root == root]
+        if not scopes:
+            raise KeyError(f"no tenant hierarchy under {root}")
+        order = {LevelKind.KEY: 0, LevelKind.TENANT: 1, LevelKind.ORG: 2}
+        levels = sorted(
+            {lv for s in scopes for lv in s.levels}, key=lambda lv: (order[lv.kind], lv.id)
+        )
+        budgets = list(dict.fromkeys(b for s in scopes for b in s.budgets))
+        return Scope(tuple(levels), tuple(budgets))

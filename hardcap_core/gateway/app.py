@@ -32,6 +32,7 @@ from hardcap_core.errors import (
     NotFound,
     ServiceUnavailable,
 )
+from hardcap_core.gateway.meter import SettleFallback
 from hardcap_core.gateway.pipeline import Gateway
 from hardcap_core.gateway.request_id import RequestIdMiddleware, request_id
 from hardcap_core.ledger import Ledger
@@ -80,15 +81,27 @@ class Runtime:
                 raise ServiceUnavailable("The budget server is unreachable.") from e
         self._ledger_client = client
         self._http_client = self._http_client or make_http_client()
-        ledger = Ledger(client, reservation_ttl_s=g.reservation_ttl_seconds)
+        ledger, fallback = _ledger(client, self.config)
         provider = OpenAICompatible(self._http_client, chars_per_token=g.chars_per_token)
-        return Gateway(self.config, ledger, provider)
+        return Gateway(self.config, ledger, provider, fallback)
 
     async def aclose(self) -> None:
         if self._http_client is not None:
             await self._http_client.aclose()
         if self._ledger_client is not None:
             await self._ledger_client.aclose()
+
+
+def _ledger(client: Any, config: Config) -> tuple[Ledger, SettleFallback | None]:
+    """The ledger, durable when ``HARDCAP_USAGE_TABLE`` names a table: lost counters come back
+    from it and settles the cache misses are kept in it. Without one, neither (and boto3 is
+    never imported)."""
+    ttl = config.gateway.reservation_ttl_seconds
+    if not os.environ.get(env.USAGE_TABLE):
+        return Ledger(client, reservation_ttl_s=ttl), None
+    from hardcap_core.rollup.service import gateway_ledger, usage_table_from_env
+
+    return gateway_ledger(client, config, usage_table_from_env(), reservation_ttl_s=ttl)
 
 
 def create_app(

@@ -24,11 +24,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from hardcap_core.budgets import Prices, Scope
 from hardcap_core.config import Policy
 from hardcap_core.errors import LedgerUnavailable
 from hardcap_core.events import Usage
+from hardcap_core.gateway.metrics import record_request
 from hardcap_core.ledger import (
     BudgetState,
     Extended,
@@ -39,6 +41,7 @@ from hardcap_core.ledger import (
     ReservationMeta,
 )
 from hardcap_core.ledger.estimators import Estimator
+from hardcap_core.ledger.replies import SettleNote
 from hardcap_core.logs import logger
 from hardcap_core.outcome import Outcome
 
@@ -50,6 +53,14 @@ SETTLE_RETRY_DELAYS_S = (0.1, 0.5)
 HEARTBEAT_RETRY_S = 1.0
 SPEED_MIN_S = 0.1  # the provider's speed is measured over at least this long
 STALL_WINDOW = 32  # reads over which the largest read is remembered
+
+
+class SettleFallback(Protocol):
+    """Where a settle goes when the cache does not take it (:mod:`hardcap_core.rollup.durable`)."""
+
+    async def keep(
+        self, reservation: Reservation, input_tokens: int, output_tokens: int, note: SettleNote
+    ) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +96,9 @@ class Meter:
         meta: ReservationMeta | None = None,
         cap: int | None = None,
         unguarded_id: str | None = None,
+        fallback: SettleFallback | None = None,
+        upstream: str = "",
+        admitted_in_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ledger = ledger
@@ -97,6 +111,9 @@ class Meter:
         self.prices = prices
         self.meta = meta or (reservation.meta if reservation else ReservationMeta(route=route))
         self._clock = clock
+        self.fallback = fallback  # None: no durable store; a settle the cache misses is lost
+        self.upstream = upstream  # the upstream's config name, for the per-request metric
+        self.admitted_in_s = admitted_in_s  # the gateway's time before the upstream was called
         self.outcome: Outcome | None = None
         self.reserved = reservation.output_reserved if reservation else 0
         self.seen = 0
@@ -269,11 +286,20 @@ class Meter:
             self.charged_input = self.input_estimate if reported_in is None else reported_in
             # A reported 0 with output forwarded is not believed: count what went out.
             self.charged_output = reported_out or self.seen
-        charge = self._settle_reserved() if self.reservation else self._settle_unguarded()
+        note = SettleNote(
+            outcome=outcome.value,
+            estimate=outcome.cut,
+            reasoning_tokens=(usage.reasoning_tokens or 0) if usage else 0,
+            cached_input_tokens=(usage.cached_input_tokens or 0) if usage else 0,
+        )
+        began = self._clock()
+        charge = self._settle_reserved(note) if self.reservation else self._settle_unguarded(note)
         if outcome is Outcome.COMPLETED:
             await asyncio.gather(charge, self._observe(self.charged_output))
         else:
             await charge
+        added_ms = (self.admitted_in_s + self._clock() - began) * 1000
+        record_request(outcome=outcome.value, upstream=self.upstream, added_latency_ms=added_ms)
         logger.info(
             "request settled",
             extra={
@@ -287,7 +313,7 @@ class Meter:
             },
         )
 
-    async def _settle_reserved(self) -> None:
+    async def _settle_reserved(self, note: SettleNote) -> None:
         assert self.reservation is not None
         for delay in (*SETTLE_RETRY_DELAYS_S, None):
             try:
@@ -295,14 +321,15 @@ class Meter:
                     self.reservation,
                     input_tokens=self.charged_input,
                     output_tokens=self.charged_output,
+                    note=note,
                 )
             except LedgerUnavailable as e:
                 if delay is None:
-                    # The hold expires by itself; this usage is lost (see docs/design.md).
                     logger.error(
                         "settle failed: budget server unreachable",
                         extra={"route": self.route, "error": str(e)},
                     )
+                    await self._keep(self.reservation, note)
                     return
                 logger.warning(
                     "settle failed, trying again", extra={"route": self.route, "error": str(e)}
@@ -320,17 +347,33 @@ class Meter:
                 self.route, output_tokens, truncated=False, tenant=self.meta.tenant or None
             )
 
-    async def _settle_unguarded(self) -> None:
-        """A fail-open request still charges its usage if the server is back by now."""
+    async def _settle_unguarded(self, note: SettleNote) -> None:
+        """A fail-open request still charges its usage: now if the server is back, else later
+        from the durable store."""
         # The id the admit was sent with: if it did run after all (its reply was lost), this
         # settles that hold with the real counts instead of leaving it to be charged at expiry.
         rid = self.unguarded_id or uuid.uuid4().hex
         orphan = Reservation(rid, self.scope, self.prices, 0, 0, self.meta)
         try:
             await self.ledger.settle(
-                orphan, input_tokens=self.charged_input, output_tokens=self.charged_output
+                orphan,
+                input_tokens=self.charged_input,
+                output_tokens=self.charged_output,
+                note=note,
             )
         except LedgerUnavailable:
             logger.warning(
-                "fail-open usage not charged: budget server still down", extra={"route": self.route}
+                "fail-open usage not charged yet: budget server still down",
+                extra={"route": self.route},
             )
+            await self._keep(orphan, note)
+
+    async def _keep(self, reservation: Reservation, note: SettleNote) -> None:
+        """Hand a settle the cache did not take to the durable store, which charges it once
+        the cache answers again (without one, the usage is lost: docs/design.md)."""
+        if self.fallback is None:
+            return
+        kept = await self.fallback.keep(reservation, self.charged_input, self.charged_output, note)
+        if kept:
+            logger.warning("settle kept in the durable store", extra={"route": self.route,
+                           "reservation_id": reservation.id})  # fmt: skip

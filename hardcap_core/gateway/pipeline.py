@@ -32,7 +32,7 @@ from hardcap_core.errors import (
     TooManyRequests,
     UpstreamMalformed,
 )
-from hardcap_core.gateway.meter import Meter, MeterSettings
+from hardcap_core.gateway.meter import Meter, MeterSettings, SettleFallback
 from hardcap_core.gateway.relay import Relay
 from hardcap_core.gateway.response import RelayResponse
 from hardcap_core.ledger import (
@@ -68,9 +68,16 @@ class Admission:
 
 
 class Gateway:
-    def __init__(self, config: Config, ledger: Ledger, provider: Provider) -> None:
+    def __init__(
+        self,
+        config: Config,
+        ledger: Ledger,
+        provider: Provider,
+        fallback: SettleFallback | None = None,
+    ) -> None:
         self.config = config
         self.ledger = ledger
+        self.fallback = fallback  # where a settle the cache does not take is kept
         # One kind of upstream today (OpenAI-compatible); the route's upstream will pick one.
         self.provider = provider
         self.estimators = {name: self._estimator(r) for name, r in config.routes.items()}
@@ -109,6 +116,7 @@ class Gateway:
         self, request: Request, principal: Principal, wire: WireFormat, request_id: str
     ) -> Response:
         """A chat completion in ``wire``'s format, streamed or not."""
+        arrived = time.perf_counter()
         chat = wire.parse(await self._read_body(request))
         route = self._route(chat.model, principal)
         limit = route.max_output_tokens
@@ -120,9 +128,10 @@ class Gateway:
             )
         max_tokens = chat.max_tokens or limit
         meta = ReservationMeta(
-            route.name, route.model, principal.key_id, request_id, principal.tenant_id
-        )
-        admission = await self._admit(principal, route, chat, max_tokens, meta, wire)
+            route.name, route.model, principal.key_id, request_id, principal.tenant_id,
+            principal.org_id or "", route.upstream.name,
+        )  # fmt: skip
+        admission = await self._admit(principal, route, chat, max_tokens, meta, wire, arrived)
         if self.config.gateway.log_prompts:  # opt-in only: prompts may hold personal data
             logger.info("prompt", extra={"route": route.name, "messages": chat.messages})
         if not chat.stream:
@@ -207,6 +216,7 @@ class Gateway:
         max_tokens: int,
         meta: ReservationMeta,
         wire: WireFormat,
+        arrived: float,
     ) -> Admission:
         policy = route.policy
         estimator = self.estimators[route.name]
@@ -263,6 +273,9 @@ class Gateway:
             meta=meta,
             cap=max_tokens,
             unguarded_id=unguarded_id,
+            fallback=self.fallback,
+            upstream=route.upstream.name,
+            admitted_in_s=time.perf_counter() - arrived,
         )
         return Admission(meter, headers, room)
 

@@ -17,6 +17,7 @@ caller gave up (a frozen server that resumed) reserves nothing.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
@@ -27,7 +28,7 @@ from typing import Any
 from hardcap_core.budgets import Prices, Scope
 from hardcap_core.errors import LedgerProtocolError, LedgerUnavailable
 from hardcap_core.ledger.connection import SOCKET_TIMEOUT_S, guarded
-from hardcap_core.ledger.keys import Keyspace, tenant_of, window_of_spec
+from hardcap_core.ledger.keys import Keyspace, org_of, tenant_of, window_of_spec
 from hardcap_core.ledger.replies import (
     NO_META,
     AdmitResult,
@@ -37,6 +38,7 @@ from hardcap_core.ledger.replies import (
     Reservation,
     ReservationMeta,
     Settled,
+    SettleNote,
     Unguarded,
     Usage,
     parse_admit,
@@ -46,10 +48,12 @@ from hardcap_core.ledger.replies import (
     parse_settle,
     parse_usage,
 )
+from hardcap_core.ledger.restore import CounterSource, NoCounterSource
 from hardcap_core.ledger.scripts import Script, Scripts
 
 DEFAULT_RESERVATION_TTL_S = 120.0
 FREE = Prices()
+COMPLETED = SettleNote()  # a settle's record says nothing more than 'completed'
 SETTLE_MEMORY_MS = 24 * 3600 * 1000  # also how long an expiry charge waits for a late settle
 # An admit must run this long before its caller gives up for the reservation to be made, so a
 # reply already on its way still arrives in time (server time lagging the guess helps too).
@@ -75,8 +79,13 @@ class Ledger:
         reservation_ttl_s: float = DEFAULT_RESERVATION_TTL_S,
         prefix: str = "hc",
         call_timeout_s: float = SOCKET_TIMEOUT_S,
+        counters: CounterSource | None = None,
     ) -> None:
         self.client = client
+        # Where a hierarchy's counters come back from when the cache has lost them.
+        self.counters: CounterSource = counters or NoCounterSource()
+        # One restore per hierarchy at a time in this process; the others wait for it.
+        self._restoring: dict[str, asyncio.Future[None]] = {}
         self.scripts = Scripts.register(client)
         self.keys = Keyspace(prefix)
         self.ttl_ms = int(reservation_ttl_s * 1000)
@@ -119,9 +128,7 @@ class Ledger:
             raise ValueError("input_tokens must be >= 0 and output_estimate >= 1")
         least = output_estimate if min_output is None else max(1, min(min_output, output_estimate))
         rid = reservation_id or uuid.uuid4().hex
-        tenant = tenant_of(scope)
-        if not meta.tenant and tenant:
-            meta = dataclasses.replace(meta, tenant=tenant)
+        meta = _with_levels(meta, scope)
         rates = [
             [r.level.tag, r.requests_per_minute or 0, r.tokens_per_minute or 0]
             for r in scope.rate_limits
@@ -145,7 +152,7 @@ class Ledger:
             return keys, [rid, self.ttl_ms, _dumps(spec)]
 
         try:
-            reply = await self._run(self.scripts.admit, build)
+            reply = await self._run(self.scripts.admit, build, scope=scope)
         except LedgerUnavailable as e:
             if fail_open:
                 return Unguarded(str(e), rid)
@@ -172,18 +179,25 @@ class Ledger:
         return parse_extend(await self._run(self.scripts.extend, build), scope)
 
     async def settle(
-        self, reservation: Reservation, *, input_tokens: int, output_tokens: int
+        self,
+        reservation: Reservation,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        note: SettleNote = COMPLETED,
     ) -> Settled:
-        """Release ``reservation`` and charge the real counts. Retry-safe: never charges twice.
+        """Release ``reservation``, charge the real counts and append their usage record (with
+        ``note``). Retry-safe: never charges or records twice.
 
         If the hold expired and was charged at expiry, only the difference is charged
         (:attr:`Settled.expiry_charged`)."""
         scope = reservation.scope
         prices = reservation.prices
+        record = note.record(_with_levels(reservation.meta, scope))
 
         def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
             used_keys, spec = self._budget_spec(scope, now_ms, more)
-            spec.update(pi=prices.input_nusd, po=prices.output_nusd)
+            spec.update(pi=prices.input_nusd, po=prices.output_nusd, u=record)
             keys = [*self.keys.ledger(scope), self.keys.settled(scope, reservation.id), *used_keys]
             args = [
                 reservation.id,
@@ -194,7 +208,7 @@ class Ledger:
             ]
             return keys, args
 
-        return parse_settle(await self._run(self.scripts.settle, build), scope)
+        return parse_settle(await self._run(self.scripts.settle, build, scope=scope), scope)
 
     async def usage(self, scope: Scope) -> Usage:
         """Used, reserved and reset of every budget in ``scope`` (expired holds reclaimed first),
@@ -205,7 +219,45 @@ class Ledger:
             spec["lv"] = [level.tag for level in scope.levels]
             return self.keys.ledger(scope) + used_keys, [_dumps(spec)]
 
-        return parse_usage(await self._run(self.scripts.usage, build), scope)
+        return parse_usage(await self._run(self.scripts.usage, build, scope=scope), scope)
+
+    async def restore(self, scope: Scope) -> None:
+        """Put the counters of ``scope``'s hierarchy back from :attr:`counters`, unless they are
+        in place already (another instance, or another task here, got there first)."""
+        tag = scope.root.tag
+        running = self._restoring.get(tag)
+        if running is not None:
+            # Its outcome is not ours to raise: the script called again says whether it worked
+            # (and if not, this caller restores in turn).
+            await asyncio.wait([running])
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._restoring[tag] = done
+        try:
+            await self._restore(scope)
+        finally:
+            del self._restoring[tag]
+            done.set_result(None)
+
+    async def _restore(self, scope: Scope) -> None:
+        restore = await self.counters.used(scope, self.server_now_ms())
+        whole = restore.scope
+        note = restore.source
+
+        def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
+            used_keys, spec = self._budget_spec(whole, now_ms)
+            rows = [
+                [row[3], row[0], int(restore.used[row[0]])]
+                for row in spec["b"]
+                if restore.used.get(row[0])
+            ]
+            args = {"w": spec["w"], "r": rows, "src": note}
+            return self.keys.ledger(whole) + used_keys, [_dumps(args)]
+
+        reply = await self._run(self.scripts.hydrate, build, restoring=True)
+        if reply[0] not in ("ok", "done"):
+            raise LedgerProtocolError(f"hydrate replied {reply[0]!r}")
+        await self.counters.restored(scope)
 
     async def estimator_stats(self, route: str, tenant: str | None = None) -> EstimatorStats:
         """The output-length quantile of ``route``: ``tenant``'s own sample, or with no tenant
@@ -271,9 +323,12 @@ class Ledger:
         w = [[b.start_ms, b.end_ms, b.spec] for b in bounds]
         return used_keys, {"b": rows, "w": w, "xm": SETTLE_MEMORY_MS}
 
-    async def _run(self, script: Script, build: Build) -> list[Any]:
+    async def _run(
+        self, script: Script, build: Build, *, scope: Scope | None = None, restoring: bool = False
+    ) -> list[Any]:
         """Call ``script`` with keys and args built for the server's time; call again on
-        'clock' and 'late' (a better time guess) and 'windows' (naming those windows too)."""
+        'clock' and 'late' (a better time guess), 'windows' (naming those windows too) and
+        'hydrate' (once ``scope``'s counters are restored)."""
         more: tuple[str, ...] = ()
         status = ""
         for _ in range(_ATTEMPTS):
@@ -286,12 +341,16 @@ class Ledger:
             status = reply[0]
             if status == "windows":
                 more = (*more, *_window_specs(reply[2:], more))
+            elif status == "hydrate" and scope is not None and not restoring:
+                await self.restore(scope)
             elif status not in ("clock", "late"):
                 return reply
         if status == "late":
             raise LedgerUnavailable("the budget server answered too late to reserve")
         if status == "windows":
             raise LedgerProtocolError("a script kept asking for more windows")
+        if status == "hydrate":
+            raise LedgerProtocolError("the counters were restored but a script still asks for it")
         raise LedgerUnavailable("the budget server's clock keeps moving across a window boundary")
 
 
@@ -306,6 +365,14 @@ def _window_specs(named: list[Any], known: tuple[str, ...]) -> list[str]:
         if x not in known and x not in out:
             out.append(x)
     return out
+
+
+def _with_levels(meta: ReservationMeta, scope: Scope) -> ReservationMeta:
+    """``meta`` with its tenant and org filled from ``scope`` where empty."""
+    tenant, org = tenant_of(scope), org_of(scope)
+    if (meta.tenant or not tenant) and (meta.org or not org):
+        return meta
+    return dataclasses.replace(meta, tenant=meta.tenant or tenant or "", org=meta.org or org or "")
 
 
 def _dumps(spec: dict[str, Any]) -> str:

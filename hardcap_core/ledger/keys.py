@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from hardcap_core.budgets import LevelKind, Scope, Window
+from hardcap_core.budgets import Level, LevelKind, Scope, Window
 
 
 class Keyspace:
@@ -23,9 +23,29 @@ class Keyspace:
     def ledger(self, scope: Scope) -> list[str]:
         """The keys every ledger script takes first (``lua/lib.lua`` names them K_*): reserved,
         res, exp, rl, then expired (reservation id -> what expiry charged), expired_at (id ->
-        when that record is forgotten) and live (level tag -> live reservations on it)."""
+        when that record is forgotten), live (level tag -> live reservations on it), usage (the
+        stream of usage records) and restored (set once the counters are in place)."""
         b = self._base(scope)
-        return [*self.core(scope), f"{b}:expired", f"{b}:expired_at", f"{b}:live"]
+        return [
+            *self.core(scope),
+            f"{b}:expired",
+            f"{b}:expired_at",
+            f"{b}:live",
+            self.usage_stream(scope.root),
+            f"{b}:restored",
+        ]
+
+    def usage_stream(self, root: Level) -> str:
+        """The stream of usage records of the hierarchy under ``root``."""
+        return f"{self.prefix}:{{{root.tag}}}:usage"
+
+    def rollup_lease(self, root: Level) -> str:
+        """Who is rolling up ``root``'s stream now (a string with a TTL)."""
+        return f"{self.prefix}:{{{root.tag}}}:rollup"
+
+    def stream_generation(self, root: Level) -> str:
+        """An id of the stream's life: a new one once the cache lost the stream and its group."""
+        return f"{self.prefix}:{{{root.tag}}}:usage:gen"
 
     def settled(self, scope: Scope, rid: str) -> str:
         return f"{self._base(scope)}:s:{rid}"
@@ -62,3 +82,8 @@ def window_of_spec(spec: str) -> Window:
 def tenant_of(scope: Scope) -> str | None:
     """The id of ``scope``'s tenant level, if it has one."""
     return next((lv.id for lv in scope.levels if lv.kind is LevelKind.TENANT), None)
+
+
+def org_of(scope: Scope) -> str | None:
+    """The id of ``scope``'s org level, if it has one."""
+    return next((lv.id for lv in scope.levels if lv.kind is LevelKind.ORG), None)

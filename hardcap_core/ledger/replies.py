@@ -60,15 +60,39 @@ class ReservationMeta:
     key_id: str = ""
     request_id: str = ""
     tenant: str = ""  # the tenant id; Ledger.admit fills it from the scope when empty
+    org: str = ""  # the org id, if any; Ledger.admit fills it from the scope when empty
+    provider: str = ""  # the upstream (its config name) the request was sent to
 
     def record(self) -> dict[str, str]:
-        """The record's fields as admit.lua stores them (short names: the record is JSON)."""
+        """The fields as the scripts store them (lib.lua: meta; short names: it is JSON)."""
         return {
             "rt": self.route,
             "md": self.model,
             "k": self.key_id,
             "rq": self.request_id,
             "tn": self.tenant,
+            "og": self.org,
+            "pv": self.provider,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SettleNote:
+    """What a settle's usage record says beyond the counts it charges."""
+
+    outcome: str = "completed"  # an Outcome value
+    estimate: bool = False  # the counts are the gateway's estimate (a cut stream), not reported
+    reasoning_tokens: int = 0  # part of the output tokens, as the provider reported them
+    cached_input_tokens: int = 0  # part of the input tokens, as the provider reported them
+
+    def record(self, meta: ReservationMeta) -> dict[str, Any]:
+        """settle.lua's ``u`` argument."""
+        return {
+            "m": meta.record(),
+            "oc": self.outcome,
+            "est": 1 if self.estimate else 0,
+            "rs": max(self.reasoning_tokens, 0),
+            "ci": max(self.cached_input_tokens, 0),
         }
 
 

@@ -14,8 +14,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
 
-LEDGER_SCRIPTS = ("admit", "extend", "settle", "usage")
-STANDALONE_SCRIPTS = ("estimator_record", "estimator_vote")
+LEDGER_SCRIPTS = ("admit", "extend", "settle", "usage", "hydrate")
+STANDALONE_SCRIPTS = ("estimator_record", "estimator_vote", "unlock")
 
 
 def lua_dir() -> Path:
@@ -55,8 +55,10 @@ class Scripts:
     extend: Script
     settle: Script
     usage: Script
+    hydrate: Script
     estimator_record: Script
     estimator_vote: Script
+    unlock: Script
 
     @classmethod
     def register(cls, client: Any) -> Scripts:

@@ -210,9 +210,8 @@ class LedgerMachine(RuleBasedStateMachine):
 
     async def _compare_raw_state(self) -> None:
         # Every budget is on the month window, so all used keys share one name but its id.
-        k_reserved, k_res, k_exp, _, k_expired, k_expired_at, k_live = self.ledger.keys.ledger(
-            SCOPE
-        )
+        keys = self.ledger.keys.ledger(SCOPE)
+        k_reserved, k_res, k_exp, _, k_expired, k_expired_at, k_live = keys[:7]
         reserved = {k.decode(): int(v) for k, v in (await self.client.hgetall(k_reserved)).items()}
         assert _nonzero(reserved) == _nonzero(self.model.reserved)
 

@@ -1,0 +1,2 @@
+"""Usage records into the durable ledger: stream reading, DynamoDB writes, CloudWatch metrics,
+and counters restored after the cache lost them."""

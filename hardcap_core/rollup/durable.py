@@ -1,0 +1,98 @@
+"""Settles that could not reach the cache: kept in DynamoDB, charged once the cache answers.
+
+The gateway's meter tries a settle a few times; if the cache still does not answer, it hands
+the settle to :class:`DurableSettles`, which writes it as a ``pending#`` item. The next rollup
+of that hierarchy (or the restore of its counters, whichever comes first) runs the settle
+against the cache — settle is idempotent by reservation id, so a settle that did reach the
+cache after all, or a replay that crashed before deleting its item, is never charged twice —
+and its usage record then flows into the durable ledger like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hardcap_core.budgets import Level, Prices
+from hardcap_core.config import Config
+from hardcap_core.errors import DurableStoreUnavailable, LedgerUnavailable
+from hardcap_core.ledger import Ledger, Reservation, ReservationMeta
+from hardcap_core.ledger.replies import SettleNote
+from hardcap_core.logs import logger
+from hardcap_core.rollup.table import UsageTable
+
+
+def settle_payload(
+    reservation: Reservation, input_tokens: int, output_tokens: int, note: SettleNote
+) -> dict[str, Any]:
+    """What a pending item holds: enough to run the same settle later."""
+    m = reservation.meta
+    return {
+        "in": input_tokens,
+        "out": output_tokens,
+        "pi": reservation.prices.input_nusd,
+        "po": reservation.prices.output_nusd,
+        "meta": {
+            "route": m.route,
+            "model": m.model,
+            "key_id": m.key_id,
+            "request_id": m.request_id,
+            "tenant": m.tenant,
+            "org": m.org,
+            "provider": m.provider,
+        },
+        "note": {
+            "outcome": note.outcome,
+            "estimate": note.estimate,
+            "reasoning_tokens": note.reasoning_tokens,
+            "cached_input_tokens": note.cached_input_tokens,
+        },
+    }
+
+
+class DurableSettles:
+    """The gateway's fallback for a settle the cache did not take."""
+
+    def __init__(self, table: UsageTable) -> None:
+        self.table = table
+
+    async def keep(
+        self, reservation: Reservation, input_tokens: int, output_tokens: int, note: SettleNote
+    ) -> bool:
+        """Write the settle durably; False (logged) if DynamoDB cannot take it either."""
+        payload = settle_payload(reservation, input_tokens, output_tokens, note)
+        root = reservation.scope.root.tag
+        try:
+            await asyncio.to_thread(self.table.put_pending, root, reservation.id, payload)
+        except DurableStoreUnavailable as e:
+            logger.error("settle lost: neither the cache nor DynamoDB took it",
+                         extra={"reservation_id": reservation.id, "error": str(e)})  # fmt: skip
+            return False
+        return True
+
+
+async def replay_pending(ledger: Ledger, table: UsageTable, config: Config, root: Level) -> int:
+    """Charge every settle kept for ``root``'s hierarchy; returns how many. One that cannot be
+    charged now (the cache is still away) stays for the next run."""
+    done = 0
+    for rid, payload in await asyncio.to_thread(table.pending, root.tag):
+        meta = ReservationMeta(**payload["meta"])
+        principal = config.principal_by_id(meta.key_id)
+        if principal is not None and principal.scope.root == root:
+            scope = principal.scope
+        elif meta.tenant in config.tenant_scopes:
+            scope = config.tenant_scope(meta.tenant)  # the key left the config: its tenant pays
+        else:
+            logger.error("pending settle of an unknown tenant kept", extra={"reservation_id": rid})
+            continue
+        prices = Prices(int(payload["pi"]), int(payload["po"]))
+        reservation = Reservation(rid, scope, prices, 0, 0, meta)
+        try:
+            await ledger.settle(reservation, input_tokens=int(payload["in"]),
+                                output_tokens=int(payload["out"]),
+                                note=SettleNote(**payload["note"]))  # fmt: skip
+        except LedgerUnavailable:
+            return done
+        await asyncio.to_thread(table.delete_pending, root.tag, rid)
+        done += 1
+    return done

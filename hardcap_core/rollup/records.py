@@ -1,0 +1,102 @@
+"""Usage records: what the ledger scripts append to a hierarchy's usage stream, one per charge.
+
+``lua/lib.lua`` (``append_record``) writes them, in the same script that changes the counters,
+so nothing is charged without its record. Field names are short because every settle writes
+one; this module is the one place that knows them.
+
+A record's token and cost fields are what it *adds* to the tenant's spend. A request is one
+record, except a request whose hold expired before its settle came: the expiry writes a record
+of the hold it charged (``estimate``), and the late settle a second one with the difference to
+the real counts (``requests`` 0, amounts possibly negative). Their sum is what was billed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+FORMAT_VERSION = "1"
+
+
+class RecordKind(StrEnum):
+    SETTLE = "s"  # a request settled: the real counts (or the gateway's estimate for a cut)
+    EXPIRY = "x"  # a hold expired unsettled and was charged: an estimate
+    REFUSAL = "r"  # admission refused: busy, exceeded, never fits, rate limited; costs nothing
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRecord:
+    """One entry of a usage stream, parsed."""
+
+    entry_id: str  # the stream entry id, "<ms>-<seq>": also when the script ran (server time)
+    kind: RecordKind
+    reservation_id: str
+    tenant: str
+    org: str
+    key_id: str
+    route: str
+    model: str  # the upstream model the request was sent to
+    provider: str  # the upstream (config name) that served it
+    request_id: str
+    outcome: str  # an Outcome value, "expired", or a refusal: busy, exceeded, never, rate
+    estimate: bool  # the charge is the gateway's estimate, not the provider's count
+    requests: int  # 1, or 0 for a late settle's correction of an expiry charge
+    input_tokens: int
+    output_tokens: int
+    reasoning_tokens: int
+    cached_input_tokens: int
+    cost_nusd: int
+    admitted_ms: int  # server time of the admission (of the refusal, for a refusal)
+
+    @property
+    def at_ms(self) -> int:
+        """Server time the record was written, from its entry id."""
+        return int(self.entry_id.split("-", 1)[0])
+
+    @property
+    def refused(self) -> bool:
+        return self.kind is RecordKind.REFUSAL
+
+
+def parse_entry(entry_id: str | bytes, fields: Mapping[Any, Any]) -> UsageRecord:
+    """A stream entry (as redis-py returns it) as a :class:`UsageRecord`.
+
+    Raises ValueError for an entry that is not a usage record of a known format."""
+    f = {_text(k): _text(v) for k, v in fields.items()}
+    if f.get("v") != FORMAT_VERSION:
+        raise ValueError(f"usage record {_text(entry_id)} has format {f.get('v')!r}")
+    try:
+        return UsageRecord(
+            entry_id=_text(entry_id),
+            kind=RecordKind(f["kind"]),
+            reservation_id=f.get("rid", ""),
+            tenant=f.get("tn", ""),
+            org=f.get("org", ""),
+            key_id=f.get("k", ""),
+            route=f.get("rt", ""),
+            model=f.get("md", ""),
+            provider=f.get("pv", ""),
+            request_id=f.get("rq", ""),
+            outcome=f.get("oc", ""),
+            estimate=f.get("est") == "1",
+            requests=_int(f.get("n", "1")),
+            input_tokens=_int(f.get("in", "0")),
+            output_tokens=_int(f.get("out", "0")),
+            reasoning_tokens=_int(f.get("rs", "0")),
+            cached_input_tokens=_int(f.get("ci", "0")),
+            cost_nusd=_int(f.get("usd", "0")),
+            admitted_ms=_int(f.get("t0", "0")),
+        )
+    except KeyError as e:
+        raise ValueError(f"usage record {_text(entry_id)} lacks {e}") from e
+
+
+def _text(x: bytes | str) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def _int(x: str) -> int:
+    # Lua writes integers, but a number past 2^53 or a float from cjson may come as "1e+15".
+    return int(float(x)) if ("e" in x or "." in x) else int(x)

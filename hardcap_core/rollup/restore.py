@@ -1,0 +1,108 @@
+"""Counters back from the durable ledger after the cache lost them.
+
+What a hierarchy used in each current window is the sum of three things: the usage totals in
+DynamoDB (everything rolled up), the records still in the cache's stream after the rollup's
+cursor (if the stream survived), and settles kept in DynamoDB because the cache missed them
+(charged through the ledger right after the restore, so they are not counted here). What is
+lost is what the cache held and nobody rolled up: at most the records of one rollup interval
+(docs/design.md, "Losing the cache").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from hardcap_core.budgets import Budget, Dimension, LevelKind, Scope
+from hardcap_core.config import Config
+from hardcap_core.ledger import Ledger
+from hardcap_core.ledger.restore import Restore
+from hardcap_core.rollup.durable import replay_pending
+from hardcap_core.rollup.records import UsageRecord, parse_entry
+from hardcap_core.rollup.streams import UsageStream
+from hardcap_core.rollup.table import UsageRow, UsageTable
+
+
+class DurableCounters:
+    """A :class:`~hardcap_core.ledger.restore.CounterSource` reading DynamoDB."""
+
+    def __init__(self, config: Config, table: UsageTable, client: Any) -> None:
+        self.config = config
+        self.table = table
+        self.client = client
+        self.ledger: Ledger | None = None  # set by :func:`durable_ledger`
+
+    async def used(self, scope: Scope, now_ms: int) -> Restore:
+        whole = self.config.hierarchy(scope.root)
+        tenants = sorted({lv.id for lv in whole.levels if lv.kind is LevelKind.TENANT})
+        unrolled = await self._unrolled(whole)
+        used: dict[str, int] = {}
+        by_window: dict[str, list[Budget]] = defaultdict(list)
+        for b in whole.budgets:
+            by_window[b.window.spec].append(b)
+        for budgets in by_window.values():
+            bounds = budgets[0].window.bounds(now_ms)
+            rows = await asyncio.to_thread(self.table.usage, tenants, bounds.start_ms, now_ms)
+            recent = [r for r in unrolled if r.at_ms >= bounds.start_ms]
+            for b in budgets:
+                used[b.field] = _sum(b, rows) + _sum_records(b, recent)
+        return Restore(whole, used, f"dynamodb:{self.table.name}")
+
+    async def restored(self, scope: Scope) -> None:
+        if self.ledger is not None:
+            await replay_pending(self.ledger, self.table, self.config, scope.root)
+
+    async def _unrolled(self, whole: Scope) -> list[UsageRecord]:
+        """Records still in the cache's stream that the durable ledger has not applied."""
+        if self.ledger is None:
+            return []
+        stream = UsageStream(self.client, self.ledger.scripts, self.ledger.keys, whole.root)
+        generation = await stream.current_generation()
+        if generation is None:
+            return []
+        cursor = await asyncio.to_thread(self.table.cursor, whole.root.tag, generation)
+        return [parse_entry(i, f) for i, f in await stream.entries_after(cursor)]
+
+
+def durable_ledger(client: Any, config: Config, table: UsageTable, **kwargs: Any) -> Ledger:
+    """A ledger whose lost counters come back from ``table``."""
+    counters = DurableCounters(config, table, client)
+    ledger = Ledger(client, counters=counters, **kwargs)
+    counters.ledger = ledger
+    return ledger
+
+
+def _matches(b: Budget, tenant: str, org: str, key_id: str) -> bool:
+    level = b.level
+    if level.kind is LevelKind.KEY:
+        return key_id == level.id
+    if level.kind is LevelKind.TENANT:
+        return tenant == level.id
+    return org == level.id
+
+
+def _amount(b: Budget, inp: int, out: int, cost: int) -> int:
+    return {
+        Dimension.INPUT_TOKENS: inp,
+        Dimension.OUTPUT_TOKENS: out,
+        Dimension.TOTAL_TOKENS: inp + out,
+        Dimension.COST_USD: cost,
+    }[b.dimension]
+
+
+def _sum(b: Budget, rows: Iterable[UsageRow]) -> int:
+    return sum(
+        _amount(b, r.input_tokens, r.output_tokens, r.cost_nusd)
+        for r in rows
+        if _matches(b, r.tenant, r.org, r.key_id)
+    )
+
+
+def _sum_records(b: Budget, records: Iterable[UsageRecord]) -> int:
+    return sum(
+        _amount(b, r.input_tokens, r.output_tokens, r.cost_nusd)
+        for r in records
+        if not r.refused and _matches(b, r.tenant, r.org, r.key_id)
+    )

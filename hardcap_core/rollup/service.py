@@ -1,0 +1,61 @@
+"""The rollup and the durable store as a process builds them from its environment.
+
+``HARDCAP_USAGE_TABLE`` names the table; unset, there is no durable store (the gateway then
+starts a lost cache's counters from zero and loses a settle the cache misses, as before).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from hardcap_core import env
+from hardcap_core.config import Config, load_config
+from hardcap_core.errors import ConfigError
+from hardcap_core.ledger import Ledger
+from hardcap_core.ledger.connection import connect
+from hardcap_core.rollup.durable import DurableSettles
+from hardcap_core.rollup.metrics import RollupMetrics
+from hardcap_core.rollup.restore import durable_ledger
+from hardcap_core.rollup.run import RollupReport, run_rollup
+from hardcap_core.rollup.table import UsageTable
+
+
+def usage_table_from_env(client: Any = None) -> UsageTable | None:
+    """The table ``HARDCAP_USAGE_TABLE`` names (its client made on first use), or None."""
+    name = os.environ.get(env.USAGE_TABLE)
+    return UsageTable(client, name) if name else None
+
+
+def gateway_ledger(
+    cache: Any, config: Config, table: UsageTable | None, **kwargs: Any
+) -> tuple[Ledger, DurableSettles | None]:
+    """The gateway's ledger, restoring lost counters from ``table``, and where a settle the
+    cache misses is kept (both plain when there is no table)."""
+    if table is None:
+        return Ledger(cache, **kwargs), None
+    return durable_ledger(cache, config, table, **kwargs), DurableSettles(table)
+
+
+def rollup_from_env() -> Callable[[], Awaitable[RollupReport]]:
+    """One rollup run per call, with the config, cache client and table built once."""
+    path = os.environ.get(env.CONFIG_PATH)
+    if not path:
+        raise ConfigError(f"set {env.CONFIG_PATH} to the path of the config file")
+    config = load_config(path)
+    table = usage_table_from_env()
+    if table is None:
+        raise ConfigError(f"set {env.USAGE_TABLE} to the name of the usage table")
+    g = config.gateway
+    if not g.redis_url:
+        raise ConfigError(f"gateway.redis_url is not set (or set {env.REDIS_URL})")
+    state: dict[str, Any] = {}
+
+    async def run_once() -> RollupReport:
+        # The cache client belongs to the event loop it was made on: one per loop.
+        if "cache" not in state:
+            state["cache"] = await connect(g.redis_url or "", cluster=g.redis_cluster)
+        return await run_rollup(config, state["cache"], table, metrics=RollupMetrics())
+
+    return run_once
