@@ -114,7 +114,9 @@ def test_rollup_role_reaches_the_table_only() -> None:
 
 
 def test_gateway_reaches_its_own_partitions_only() -> None:
-    """It writes settles the cache missed and reads usage back; the rollup owns the rest."""
+    """It keeps settles the cache missed and restores lost counters (usage rows, the stream
+    cursor, the kept settles, charged then deleted); the rollup alone writes usage and cursors.
+    Each action is the one hardcap_core/rollup/table.py calls for that partition."""
     granted: dict[str, set[str]] = {}
     for statement in dynamodb_statements("GatewayRole"):
         assert statement["Resource"] == TABLE_ARN
@@ -123,7 +125,9 @@ def test_gateway_reaches_its_own_partitions_only() -> None:
             granted[action] = set(condition)
     assert granted == {
         "dynamodb:PutItem": {"pending#*"},
+        "dynamodb:DeleteItem": {"pending#*"},
         "dynamodb:Query": {"usage#*", "pending#*"},
+        "dynamodb:GetItem": {"cursor#*"},
     }
 
 
