@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -59,6 +60,38 @@ def test_demo_streams_a_completion_and_shows_usage(tmp_path: Path) -> None:
     assert '"tenant": "alpha"' in out.stdout
     assert "x-token-budget-remaining" in out.stdout
     assert "sk-alpha-demo" not in out.stderr  # keys never reach the logs
+
+
+def test_demo_shows_the_tenants_spend_read_back_from_dynamodb() -> None:
+    """After the stream, one rollup; the `hardcap usage` table has exactly what was charged
+    (the gateway's usage chunk) and what the ledger counts as used."""
+    mock_port, port = free_port(), free_port()
+    out = hardcap("demo", "--once", "--port", str(port), "--mock-port", str(mock_port))
+    assert out.returncode == 0, out.stderr
+    assert "DynamoDB (embedded, moto)" in out.stdout
+    chunk = re.search(r"^\[usage: (.*)\]$", out.stdout, re.MULTILINE)
+    assert chunk, out.stdout
+    charged = json.loads(chunk.group(1))
+    ledger = json.loads(
+        out.stdout.split("$ GET /v1/hardcap/usage", 1)[1].split("budget headers")[0]
+    )
+    day = next(
+        b for b in ledger["budgets"] if b["dimension"] == "total_tokens" and b["level"] == "tenant"
+    )
+    assert day["used"] == charged["prompt_tokens"] + charged["completion_tokens"]
+
+    shown = out.stdout.split("$ hardcap usage --tenant alpha", 1)[1]
+    assert "after a rollup: 1 usage record from the cache into DynamoDB" in shown
+    rows = [line.split() for line in shown.splitlines() if line.startswith(("alpha ", "total "))]
+    assert [r[0] for r in rows] == ["alpha", "total"], shown
+    alpha, total = rows
+    expected = ["1", str(charged["prompt_tokens"]), str(charged["completion_tokens"])]
+    assert alpha[:3] == ["alpha", "alpha-dev", "mock-small"]
+    assert alpha[3:6] == expected
+    assert total[1:4] == expected
+    # cost: the demo route's $5 / $15 per million input / output tokens, to the millionth
+    cost = (5 * charged["prompt_tokens"] + 15 * charged["completion_tokens"]) / 1e6
+    assert alpha[8] == f"{cost:.6f}"
 
 
 class Output:
