@@ -15,13 +15,19 @@ from typing import Any
 from hardcap_core.logs import logger
 from hardcap_core.rollup.service import rollup_from_env
 
-_run_once = rollup_from_env()
+_service = rollup_from_env()
 _loop = asyncio.new_event_loop()
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """One rollup run; returns (and logs) its report."""
-    report = _loop.run_until_complete(_run_once())
+    report = _loop.run_until_complete(_service.run())
     summary = dataclasses.asdict(report)
     logger.info("rollup done", extra=summary)
     return summary
+
+
+def close() -> None:
+    """Close the cache client and the loop (Lambda never needs it; a local caller does)."""
+    _loop.run_until_complete(_service.aclose())
+    _loop.close()

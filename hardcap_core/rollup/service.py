@@ -7,7 +7,6 @@ starts a lost cache's counters from zero and loses a settle the cache misses, as
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hardcap_core import env
@@ -38,8 +37,29 @@ def gateway_ledger(
     return durable_ledger(cache, config, table, **kwargs), DurableSettles(table)
 
 
-def rollup_from_env() -> Callable[[], Awaitable[RollupReport]]:
-    """One rollup run per call, with the config, cache client and table built once."""
+class RollupService:
+    """One rollup run per :meth:`run`, with the config, cache client and table built once."""
+
+    def __init__(self, config: Config, table: UsageTable) -> None:
+        self.config = config
+        self.table = table
+        self._cache: Any = None
+
+    async def run(self) -> RollupReport:
+        g = self.config.gateway
+        if self._cache is None:
+            # The cache client belongs to the event loop it was made on: the handler keeps one.
+            self._cache = await connect(g.redis_url or "", cluster=g.redis_cluster)
+        return await run_rollup(self.config, self._cache, self.table, metrics=RollupMetrics())
+
+    async def aclose(self) -> None:
+        if self._cache is not None:
+            await self._cache.aclose()
+            self._cache = None
+
+
+def rollup_from_env() -> RollupService:
+    """The rollup as ``HARDCAP_CONFIG``, the cache settings and ``HARDCAP_USAGE_TABLE`` say."""
     path = os.environ.get(env.CONFIG_PATH)
     if not path:
         raise ConfigError(f"set {env.CONFIG_PATH} to the path of the config file")
@@ -47,15 +67,6 @@ def rollup_from_env() -> Callable[[], Awaitable[RollupReport]]:
     table = usage_table_from_env()
     if table is None:
         raise ConfigError(f"set {env.USAGE_TABLE} to the name of the usage table")
-    g = config.gateway
-    if not g.redis_url:
+    if not config.gateway.redis_url:
         raise ConfigError(f"gateway.redis_url is not set (or set {env.REDIS_URL})")
-    state: dict[str, Any] = {}
-
-    async def run_once() -> RollupReport:
-        # The cache client belongs to the event loop it was made on: one per loop.
-        if "cache" not in state:
-            state["cache"] = await connect(g.redis_url or "", cluster=g.redis_cluster)
-        return await run_rollup(config, state["cache"], table, metrics=RollupMetrics())
-
-    return run_once
+    return RollupService(config, table)

@@ -23,7 +23,8 @@ from hardcap_core.errors import GatewayError, TooManyRequests, UpstreamFailed, U
 from hardcap_core.events import Event, FinishReason, Output, OutputKind, Read, Usage
 from hardcap_core.gateway.meter import Meter, MeterSettings
 from hardcap_core.gateway.relay import Relay
-from hardcap_core.ledger import FREE, Admitted, Ledger, Reservation, Settled
+from hardcap_core.ledger import FREE, Admitted, Ledger, Reservation, Settled, SettleNote
+from hardcap_core.ledger.client import COMPLETED
 from hardcap_core.ledger.estimators import MaxTokensEstimator
 from hardcap_core.outcome import Outcome
 from hardcap_core.sse import DONE, SSEParser
@@ -139,11 +140,16 @@ class CountingLedger(Ledger):
     settles = 0
 
     async def settle(
-        self, reservation: Reservation, *, input_tokens: int, output_tokens: int
+        self,
+        reservation: Reservation,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        note: SettleNote = COMPLETED,
     ) -> Settled:
         self.settles += 1
         return await super().settle(
-            reservation, input_tokens=input_tokens, output_tokens=output_tokens
+            reservation, input_tokens=input_tokens, output_tokens=output_tokens, note=note
         )
 
 
