@@ -29,6 +29,7 @@ from hypothesis.stateful import (
 )
 
 from hardcap_core.budgets import Dimension, Prices
+from hardcap_core.rollup.records import parse_entry
 from hardcap_core.errors import ReservationReused
 from hardcap_core.ledger import (
     Admitted,
@@ -266,6 +267,17 @@ class LedgerMachine(RuleBasedStateMachine):
             for f, v in (await self.client.hgetall(key)).items():
                 used[(f.decode(), window_id)] = int(v)
         assert _nonzero(used) == _nonzero(self.model.used)
+
+        # Nothing is charged without its usage record: the records add up to the counters.
+        stream = await self.client.xrange(keys[7])
+        records = [parse_entry(i, f) for i, f in stream]
+        by_field = {b.field: 0 for b in SCOPE.budgets}
+        for (f, _), v in used.items():
+            by_field[f] = by_field.get(f, 0) + v
+        tokens = sum(r.input_tokens + r.output_tokens for r in records)
+        cost = sum(r.cost_nusd for r in records)
+        assert tokens == by_field[SCOPE.budgets[0].field], (tokens, by_field)
+        assert cost == by_field[SCOPE.budgets[2].field], (cost, by_field)
 
         marker = self.ledger.keys.settled(SCOPE, "")
         settled = {
