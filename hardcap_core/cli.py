@@ -135,9 +135,9 @@ def embedded_valkey_if_needed(config_path: str) -> LocalValkey | None:
 def embedded_aws_if_needed() -> LocalAws | None:
     """Start a private DynamoDB (moto) when the environment names no usage table and no
     DynamoDB endpoint; with either set, the user's own store is used (or none)."""
-    from hardcap_core.local.aws import ENDPOINT_VAR, LocalAws, usage_table_var
+    from hardcap_core.local.aws import ENDPOINT_VAR, LocalAws
 
-    if os.environ.get(usage_table_var()) or os.environ.get(ENDPOINT_VAR):
+    if os.environ.get(env.USAGE_TABLE) or os.environ.get(ENDPOINT_VAR):
         return None
     aws = LocalAws().start()
     print(
@@ -150,13 +150,13 @@ def embedded_aws_if_needed() -> LocalAws | None:
 
 def rollup_timer_if_possible(config: Config, interval_s: float) -> RollupTimer | None:
     """The rollup on a timer against the usage table the environment names, if it names one."""
-    from hardcap_core.local.aws import dynamodb_client, usage_table_var
+    from hardcap_core.local.aws import dynamodb_client
     from hardcap_core.local.rollup_timer import RollupTimer
     from hardcap_core.rollup.table import UsageTable
 
-    name = os.environ.get(usage_table_var())
+    name = os.environ.get(env.USAGE_TABLE)
     if not name:
-        print(f"hardcap: no {usage_table_var()}: no rollup; usage stays in the cache", flush=True)
+        print(f"hardcap: no {env.USAGE_TABLE}: no rollup; usage stays in the cache", flush=True)
         return None
     timer = RollupTimer(config, UsageTable(dynamodb_client(), name), interval_s=interval_s)
     print(f"hardcap: rolling usage up into table {name} every {interval_s:g} s", flush=True)

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from hardcap_core import env
+
 # Where a boto3 DynamoDB client sends its calls (boto3 >= 1.28 reads it; it wins over the
 # generic AWS_ENDPOINT_URL). Also read by `hardcap usage` and by the children of this process.
 ENDPOINT_VAR = "AWS_ENDPOINT_URL_DYNAMODB"
@@ -32,13 +34,6 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # moto signs nothing and checks nothing, but botocore refuses to send a call without some
 # credentials; these are only set when the environment has none.
 DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local"}
-
-
-def usage_table_var() -> str:
-    """The name of the environment variable that names the usage table."""
-    from hardcap_core import env
-
-    return str(getattr(env, "USAGE_TABLE", "HARDCAP_USAGE_TABLE"))
 
 
 @dataclass
@@ -79,7 +74,7 @@ class LocalAws:
 
     def usage_command(self) -> str:
         """The shell line that runs ``hardcap usage`` against this server, from anywhere."""
-        return f"{ENDPOINT_VAR}={self.url} {usage_table_var()}={self.table} hardcap usage"
+        return f"{ENDPOINT_VAR}={self.url} {env.USAGE_TABLE}={self.table} hardcap usage"
 
     def client(self) -> Any:
         """A boto3 DynamoDB client for this server."""
@@ -92,7 +87,7 @@ class LocalAws:
         return os.environ.get(REGION_VAR) or os.environ.get("AWS_REGION") or DEFAULT_REGION
 
     def _set_env(self) -> None:
-        wanted = {ENDPOINT_VAR: self.url, usage_table_var(): self.table}
+        wanted = {ENDPOINT_VAR: self.url, env.USAGE_TABLE: self.table}
         if not (os.environ.get(REGION_VAR) or os.environ.get("AWS_REGION")):
             wanted[REGION_VAR] = DEFAULT_REGION
         if not _has_credentials():

@@ -17,6 +17,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from hardcap_core import env
+
 if TYPE_CHECKING:
     from hardcap_core.rollup.table import UsageRow
 
@@ -47,7 +49,6 @@ def add_usage_arguments(parser: argparse.ArgumentParser) -> None:
 
 def usage_command(ns: argparse.Namespace) -> int:
     """Print the usage of the window; 2 for a usage error, 1 when the table cannot be read."""
-    from hardcap_core.local.aws import usage_table_var
     from hardcap_core.rollup import report
 
     now_ms = int(time.time() * 1000)
@@ -56,9 +57,9 @@ def usage_command(ns: argparse.Namespace) -> int:
         end_ms = _when("--until", ns.until, now_ms)
         if start_ms >= end_ms:
             raise _UsageError(f"--since {ns.since} is not before --until {ns.until}")
-        name = ns.table or os.environ.get(usage_table_var())
+        name = ns.table or os.environ.get(env.USAGE_TABLE)
         if not name:
-            raise _UsageError(f"no usage table: pass --table or set {usage_table_var()}")
+            raise _UsageError(f"no usage table: pass --table or set {env.USAGE_TABLE}")
         tenants = _tenants(ns.tenant, ns.config)
     except _UsageError as exc:
         print(f"hardcap usage: error: {exc}", file=sys.stderr)

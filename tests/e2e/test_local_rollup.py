@@ -15,13 +15,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import yaml
 
-from hardcap_core.local.aws import ENDPOINT_VAR, LocalAws, dynamodb_client, usage_table_var
+from hardcap_core import env
+from hardcap_core.config import parse_config
+from hardcap_core.local.aws import ENDPOINT_VAR, LocalAws, dynamodb_client
+from hardcap_core.local.rollup_timer import RollupTimer
 from hardcap_core.local.stack import Service, start_gateway
-from hardcap_core.rollup.table import UsageTable
+from hardcap_core.local.valkey import LocalValkey
+from hardcap_core.rollup.table import UsageTable, create_table
 from tests.stack import KEYS, Mock, config_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +65,7 @@ def local_aws() -> Iterator[LocalAws]:
 @pytest.fixture
 def no_aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing configured: `hardcap serve` starts its own Valkey and DynamoDB."""
-    for name in ("HARDCAP_REDIS_URL", usage_table_var(), ENDPOINT_VAR, "AWS_ENDPOINT_URL"):
+    for name in ("HARDCAP_REDIS_URL", env.USAGE_TABLE, ENDPOINT_VAR, "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -175,6 +180,58 @@ def test_serve_rolls_up_into_a_configured_table_and_once_more_when_stopped(
     ]
 
 
+def test_the_timer_logs_a_failed_run_and_the_next_one_applies_it(
+    base: str,
+    mock: Mock,
+    valkey: LocalValkey,
+    local_aws: LocalAws,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Runs fail while the table is missing; each failure is logged, the timer goes on, and
+    once the table is there the records the failed runs left in the stream arrive, once."""
+    client = dynamodb_client()
+    table = UsageTable(client, f"created-late-{uuid.uuid4().hex[:8]}")
+    timer = RollupTimer(parse_config(config_data(mock.url, valkey.url)), table, interval_s=0.2)
+    timer.start()
+    try:
+        reply = httpx.post(
+            f"{base}/chat/completions",
+            headers={"authorization": f"Bearer {KEYS['alpha']}"},
+            json={
+                "model": "small",
+                "max_tokens": 7,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+            timeout=30,
+        )
+        assert reply.status_code == 200, reply.text
+        deadline = time.monotonic() + 30
+        while timer.runs < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert timer.runs >= 3
+        failed = [
+            r for r in caplog.records if r.getMessage() == "rollup failed; the next run retries"
+        ]
+        assert len(failed) >= 3 and all(r.exc_info for r in failed)
+
+        create_table(client, table.name)
+        now_ms = int(time.time() * 1000)
+        rows = table.usage(["alpha"], now_ms - DAY_MS, now_ms)
+        while not rows and time.monotonic() < deadline + 30:
+            time.sleep(0.05)
+            rows = table.usage(["alpha"], now_ms - DAY_MS, now_ms)
+    finally:
+        timer.stop()
+    usage = reply.json()["usage"]
+    rows = table.usage(["alpha"], now_ms - DAY_MS, int(time.time() * 1000))
+    try:
+        assert [(r.requests, r.input_tokens, r.output_tokens) for r in rows] == [
+            (1, usage["prompt_tokens"], usage["completion_tokens"])
+        ]
+    finally:
+        client.delete_table(TableName=table.name)
+
+
 def test_usage_on_an_empty_table_prints_an_empty_list(local_aws: LocalAws) -> None:
     out = hardcap_usage("--json")
     assert out.returncode == 0, out.stderr
@@ -201,10 +258,10 @@ def test_usage_names_the_flag_of_a_bad_window(args: list[str], flag: str) -> Non
 
 
 def test_usage_without_a_table_says_how_to_name_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(usage_table_var(), raising=False)
+    monkeypatch.delenv(env.USAGE_TABLE, raising=False)
     out = hardcap_usage("--json")
     assert out.returncode == 2
-    assert "--table" in out.stderr and usage_table_var() in out.stderr
+    assert "--table" in out.stderr and env.USAGE_TABLE in out.stderr
 
 
 def test_usage_checks_tenants_against_the_config(tmp_path: Path) -> None:
