@@ -134,10 +134,10 @@ def embedded_valkey_if_needed(config_path: str) -> LocalValkey | None:
 
 def embedded_aws_if_needed() -> LocalAws | None:
     """Start a private DynamoDB (moto) when the environment names no usage table and no
-    DynamoDB endpoint; with either set, the user's own store is used (or none)."""
+    DynamoDB endpoint; with one set, the user's own store is used (or none)."""
     from hardcap_core.local.aws import ENDPOINT_VAR, LocalAws
 
-    if os.environ.get(env.USAGE_TABLE) or os.environ.get(ENDPOINT_VAR):
+    if any(os.environ.get(name) for name in (env.USAGE_TABLE, ENDPOINT_VAR, "AWS_ENDPOINT_URL")):
         return None
     aws = LocalAws().start()
     print(

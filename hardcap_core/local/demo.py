@@ -49,6 +49,9 @@ def run_demo(config_path: str, port: int, *, once: bool, mock_port: int | None =
     from hardcap_core.rollup.table import UsageTable
 
     logger.setLevel("WARNING")  # the demo shows the exchange, not the request log
+    # Nor the gateway's per-request EMF line, which would land in the middle of the stream
+    # printed below; POWERTOOLS_METRICS_DISABLED=false in the environment shows it.
+    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
     load_config(config_path)  # a config error shows before anything starts
     valkey = aws = mock = gateway = timer = None
     try:
@@ -111,7 +114,7 @@ def _show(
         say(_pretty(usage.json()))
         shown = {k: v for k, v in usage.headers.items() if k.startswith(("x-token", "x-rate"))}
         say("\nbudget headers: " + _pretty(shown))
-    _show_rollup(timer, aws)
+    _show_rollup(timer)
     if once:
         return 0
     say(
@@ -119,13 +122,14 @@ def _show(
         f'-H \'authorization: Bearer {DEMO_KEY}\' -d \'{{"model":"demo","stream":true,'
         f'"messages":[{{"role":"user","content":"hi"}}]}}\'\n'
         f"  curl {base}/hardcap/usage -H 'authorization: Bearer {DEMO_KEY}'\n"
-        f"  {aws.usage_command()}"
+        f"  {aws.usage_command()}   # spend in DynamoDB, rolled up every "
+        f"{timer.interval_s:g} s"
     )
     while True:
         time.sleep(3600)
 
 
-def _show_rollup(timer: RollupTimer, aws: LocalAws) -> None:
+def _show_rollup(timer: RollupTimer) -> None:
     """One rollup now, then the tenant's spend as ``hardcap usage`` reads it from DynamoDB."""
     from hardcap_core.local.usage_command import DEFAULT_SINCE
     from hardcap_core.rollup.report import format_table, parse_time

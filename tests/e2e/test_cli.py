@@ -69,6 +69,7 @@ def test_demo_shows_the_tenants_spend_read_back_from_dynamodb() -> None:
     out = hardcap("demo", "--once", "--port", str(port), "--mock-port", str(mock_port))
     assert out.returncode == 0, out.stderr
     assert "DynamoDB (embedded, moto)" in out.stdout
+    assert '{"_aws"' not in out.stdout  # the exchange, not the gateway's metric lines
     chunk = re.search(r"^\[usage: (.*)\]$", out.stdout, re.MULTILINE)
     assert chunk, out.stdout
     charged = json.loads(chunk.group(1))
