@@ -161,8 +161,12 @@ def cover(start_ms: int, end_ms: int) -> list[tuple[str, int, int]]:
             out.append((g, t, until - size))
             t = until
 
+    # Minutes up to the first hour boundary, hours up to the first day boundary, if the window
+    # reaches them; then whole days, then the hours and minutes of the end's partial day.
     for g, size in (("m", h), ("h", d)):
-        run(g, min(-(-t // size) * size, end))
+        boundary = -(-t // size) * size
+        if boundary <= end:
+            run(g, boundary)
     run("d", max(end // d * d, t))
     run("h", max(end // h * h, t))
     run("m", end)
