@@ -33,6 +33,7 @@ from aws_lambda_powertools.metrics.provider.cloudwatch_emf.constants import (
 
 from hardcap_core.logs import logger
 from hardcap_core.rollup.records import UsageRecord
+from hardcap_core.rollup.table import Totals
 
 NAMESPACE = "Hardcap"
 MINUTE_MS = 60_000
@@ -60,40 +61,24 @@ RUN = (("RollupLagSeconds", "Seconds"), ("RecordsApplied", COUNT))
 BUDGET = ("BudgetUsedPercent", "Percent")
 
 
-@dataclass(slots=True)
-class _Spend:
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost_nusd: int = 0
-    requests: int = 0
-    truncations: int = 0
-    estimated: int = 0
-
-    def add(self, r: UsageRecord) -> None:
-        self.input_tokens += r.input_tokens
-        self.output_tokens += r.output_tokens
-        self.cost_nusd += r.cost_nusd
-        self.requests += r.requests
-        self.truncations += r.outcome == "truncated"
-        self.estimated += r.estimate
-
-    def values(self) -> dict[str, float]:
-        return {
-            "InputTokens": self.input_tokens,
-            "OutputTokens": self.output_tokens,
-            "Tokens": self.input_tokens + self.output_tokens,
-            "CostUSD": self.cost_nusd / NANO_USD,
-            "Requests": self.requests,
-            "Truncations": self.truncations,
-            "EstimatedCharges": self.estimated,
-        }
+def _values(t: Totals) -> dict[str, float]:
+    """A minute's totals as the metrics that carry them."""
+    return {
+        "InputTokens": t.input_tokens,
+        "OutputTokens": t.output_tokens,
+        "Tokens": t.input_tokens + t.output_tokens,
+        "CostUSD": t.cost_nusd / NANO_USD,
+        "Requests": t.requests,
+        "Truncations": t.truncated,
+        "EstimatedCharges": t.estimated,
+    }
 
 
 @dataclass(slots=True)
 class _Minute:
-    tenants: dict[str, _Spend] = field(default_factory=lambda: defaultdict(_Spend))
-    models: dict[tuple[str, str], _Spend] = field(default_factory=lambda: defaultdict(_Spend))
-    routes: dict[str, _Spend] = field(default_factory=lambda: defaultdict(_Spend))
+    tenants: dict[str, Totals] = field(default_factory=lambda: defaultdict(Totals))
+    models: dict[tuple[str, str], Totals] = field(default_factory=lambda: defaultdict(Totals))
+    routes: dict[str, Totals] = field(default_factory=lambda: defaultdict(Totals))
     rejections: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
 
 
@@ -173,10 +158,10 @@ def _spend_blob(
     start_ms: int,
     group: tuple[tuple[str, ...], Sequence[tuple[str, str]]],
     values: tuple[str, ...],
-    spend: _Spend,
+    spend: Totals,
 ) -> _Blob:
     names, metrics = group
-    amounts = spend.values()
+    amounts = _values(spend)
     return _Blob(
         start_ms,
         (tuple(zip(names, values, strict=True)),),
