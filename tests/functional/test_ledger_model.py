@@ -29,7 +29,6 @@ from hypothesis.stateful import (
 )
 
 from hardcap_core.budgets import Dimension, Prices
-from hardcap_core.rollup.records import parse_entry
 from hardcap_core.errors import ReservationReused
 from hardcap_core.ledger import (
     Admitted,
@@ -42,6 +41,7 @@ from hardcap_core.ledger import (
     ReservationGone,
 )
 from hardcap_core.local.valkey import LocalValkey
+from hardcap_core.rollup.records import parse_entry
 from tests.conftest import KEY, ORG, TENANT, scope
 from tests.ledger_model import LedgerModel, amount, per_output
 
