@@ -254,3 +254,16 @@ async def test_restore_also_counts_records_not_yet_rolled_up(
     total = next(r for r in usage.rows if r.budget.level.id == "alpha")
     first = [(10 + i, 20 + i) for i in range(3)]
     assert total.used == sum(i + o for i, o in first + after)
+
+
+async def test_a_run_out_of_time_stops_cleanly_and_the_next_goes_on(
+    client: Any, config: Config, table: UsageTable
+) -> None:
+    ledger = Ledger(client)
+    await spend(ledger, config, "alpha-k", 30)
+    first = await run_rollup(config, client, table, batch=10, budget_s=0)
+    assert first.applied == 10 and any("out of time" in s for s in first.stalled)
+    assert totals(table, "alpha")["requests"] == 10
+    # Its lease was released: the next run takes the stream at once and finishes it.
+    assert (await run_rollup(config, client, table, batch=10)).applied == 20
+    assert totals(table, "alpha")["requests"] == 30
