@@ -168,18 +168,60 @@ class RateLimit:
 
 @dataclass(frozen=True, slots=True)
 class Prices:
-    """Price per token in nano-USD, rounded up from the config's USD per million tokens."""
+    """Price per token in nano-USD, rounded up from the config's USD per million tokens.
+
+    Cached input (read from the provider's prompt cache) and cache writes have prices of their
+    own; by default a read costs what input costs and a write 1.25x (never under-charged)."""
 
     input_nusd: int = 0
     output_nusd: int = 0
+    cached_input_nusd: int | None = None  # None: input_nusd
+    cache_write_nusd: int | None = None  # None: 1.25 x input_nusd, rounded up
 
     @classmethod
-    def per_million(cls, input_usd: float, output_usd: float) -> Prices:
+    def per_million(
+        cls,
+        input_usd: float,
+        output_usd: float,
+        cached_input_usd: float | None = None,
+        cache_write_usd: float | None = None,
+    ) -> Prices:
         # $ per 1M tokens -> nUSD per token is a factor of 1000; round up so we never undercharge.
-        return cls(_ceil_thousand(input_usd), _ceil_thousand(output_usd))
+        return cls(
+            _ceil_thousand(input_usd),
+            _ceil_thousand(output_usd),
+            None if cached_input_usd is None else _ceil_thousand(cached_input_usd),
+            None if cache_write_usd is None else _ceil_thousand(cache_write_usd),
+        )
 
-    def cost(self, input_tokens: int, output_tokens: int) -> int:
-        return input_tokens * self.input_nusd + output_tokens * self.output_nusd
+    @property
+    def cached_read(self) -> int:
+        return self.input_nusd if self.cached_input_nusd is None else self.cached_input_nusd
+
+    @property
+    def cache_write(self) -> int:
+        if self.cache_write_nusd is not None:
+            return self.cache_write_nusd
+        return -(-self.input_nusd * 5 // 4)
+
+    def cost(self, input_tokens: int, output_tokens: int, cached: int = 0, written: int = 0) -> int:
+        """What ``input_tokens`` (of which ``cached`` read from and ``written`` written to the
+        prompt cache) and ``output_tokens`` cost, in nano-USD."""
+        cached, written = max(cached, 0), max(written, 0)
+        plain = max(input_tokens - cached - written, 0)
+        return (
+            plain * self.input_nusd
+            + cached * self.cached_read
+            + written * self.cache_write
+            + output_tokens * self.output_nusd
+        )
+
+    def highest(self, other: Prices) -> Prices:
+        """The higher of each price: a hold that covers either."""
+        return Prices(
+            max(self.input_nusd, other.input_nusd, self.cache_write, other.cache_write),
+            max(self.output_nusd, other.output_nusd),
+        )
 
 
 def _ceil_thousand(usd_per_million: float) -> int:

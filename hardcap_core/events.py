@@ -68,12 +68,18 @@ class Output(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """What the provider reports it billed. None where it did not say."""
+    """What the provider reports it billed. None where it did not say.
+
+    ``input_tokens`` is every input token billed, cached ones included (a provider that
+    reports them apart, as Anthropic does, has them added in); ``cached_input_tokens`` and
+    ``cache_write_input_tokens`` say how many of them were read from or written to the
+    provider's prompt cache, each billed at its route's own price."""
 
     input_tokens: int | None
     output_tokens: int | None
     reasoning_tokens: int | None = None
     cached_input_tokens: int | None = None
+    cache_write_input_tokens: int | None = None
     raw: dict[str, Any] | None = None  # the provider's own usage object
 
 

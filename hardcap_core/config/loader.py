@@ -71,14 +71,25 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
     for u in file.upstreams:
         timeout = u.timeout_seconds or gateway.upstream_timeout_seconds
         src = u.key_sources()
-        upstreams[u.name] = Upstream(u.name, u.base_url, timeout, src[0] if src else None)
+        upstreams[u.name] = Upstream(
+            u.name, u.base_url or "", timeout, src[0] if src else None, u.kind, u.region,
+            u.breaker or gateway.breaker,
+        )  # fmt: skip
     routes: dict[str, Route] = {}
     for r in file.routes:
         p = r.price or PriceConfig(input_per_million=0, output_per_million=0)
-        prices = Prices.per_million(p.input_per_million, p.output_per_million)
+        kind = upstreams[r.upstream].kind
+        # OpenAI-compatible APIs do not bill cache writes: unless the route says, a write costs
+        # what input does there, and 1.25x it where the provider bills writes (Anthropic).
+        write = p.cache_write_per_million
+        if write is None and kind == "openai":
+            write = p.input_per_million
+        prices = Prices.per_million(
+            p.input_per_million, p.output_per_million, p.cached_input_per_million, write
+        )
         routes[r.name] = Route(
             r.name, upstreams[r.upstream], r.model or r.name, r.estimator, Policy(r.policy), prices,
-            r.max_output_tokens, r.min_output_reservation,
+            r.max_output_tokens, r.min_output_reservation, tuple(r.fallbacks),
         )  # fmt: skip
     orgs = {o.id: o for o in file.orgs}
     by_hash: dict[str, Principal] = {}
@@ -121,6 +132,12 @@ def _cross_check(file: ConfigFile) -> Iterable[str]:
     orgs = [o.id for o in file.orgs]
     for i, r in enumerate(file.routes):
         yield from _known(f"routes[{i}].upstream", r.upstream, upstreams, "upstream")
+        for j, name in enumerate(r.fallbacks):
+            yield from _known(f"routes[{i}].fallbacks[{j}]", name, routes, "route")
+            if name == r.name:
+                yield f"routes[{i}].fallbacks[{j}]: a route cannot fall back to itself"
+        if len(set(r.fallbacks)) != len(r.fallbacks):
+            yield f"routes[{i}].fallbacks: names a route twice"
     for i, t in enumerate(file.tenants):
         if t.org is not None:
             yield from _known(f"tenants[{i}].org", t.org, orgs, "org")

@@ -11,8 +11,15 @@ from typing import Literal
 
 from hardcap_core.auth import KeyIndex
 from hardcap_core.budgets import Level, LevelKind, Prices, Scope
-from hardcap_core.config.schema import ConfigFile, EstimatorSettings, GatewaySettings
+from hardcap_core.config.schema import (
+    BreakerSettings,
+    ConfigFile,
+    EstimatorSettings,
+    GatewaySettings,
+)
 from hardcap_core.config.secrets import KeySource, resolve_api_key
+
+DEFAULT_BREAKER = BreakerSettings()
 
 
 class Policy(StrEnum):
@@ -38,9 +45,12 @@ class Upstream:
     """A provider endpoint. Its key is resolved on first use, not at load (see ``api_key``)."""
 
     name: str
-    base_url: str
+    base_url: str  # "" for a bedrock upstream on its region's default endpoint
     timeout_seconds: float
     key_source: KeySource | None = None
+    kind: str = "openai"  # openai | anthropic | bedrock: which provider speaks to it
+    region: str | None = None  # bedrock only
+    breaker: BreakerSettings = DEFAULT_BREAKER
 
     def api_key(self) -> str | None:
         """The API key, or None if none is configured; values from AWS are cached for minutes."""
@@ -59,6 +69,7 @@ class Route:
     prices: Prices
     max_output_tokens: int
     min_output_reservation: int
+    fallbacks: tuple[str, ...] = ()  # route names tried in order when this one cannot serve
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +109,19 @@ class Config:
         Raises KeyError for an unknown tenant.
         """
         return self.tenant_scopes[tenant_id]
+
+    def chain(self, route: Route) -> list[Route]:
+        """``route`` and its fallbacks, in the order they are tried."""
+        return [route, *(self.routes[name] for name in route.fallbacks)]
+
+    def hold_prices(self, route: Route) -> Prices:
+        """The prices a request on ``route`` is reserved at: the highest of its chain, and input
+        at the cache-write price, so whichever target serves it and however the provider's
+        prompt cache bills its input, the hold covers the cost."""
+        held = Prices(route.prices.input_nusd, route.prices.output_nusd)
+        for r in self.chain(route):
+            held = held.highest(r.prices)
+        return held
 
     def roots(self) -> list[Level]:
         """The root of every tenant hierarchy (an org, or a tenant without one), in order."""

@@ -37,6 +37,14 @@ class _Model(BaseModel):
     )
 
 
+class BreakerSettings(_Model):
+    """A circuit breaker per upstream, its state shared by every instance through the cache."""
+
+    failures: PosInt = 5  # consecutive failures that open it
+    cooldown_seconds: PosFloat = 30.0  # how long it stays open before probing
+    half_open_probes: PosInt = 1  # requests let through at once to probe an open upstream
+
+
 class GatewaySettings(_Model):
     """The ``gateway:`` section: how this gateway talks to the budget server and streams."""
 
@@ -51,6 +59,7 @@ class GatewaySettings(_Model):
     upstream_timeout_seconds: PosFloat = 300.0
     chars_per_token: PosFloat = 4.0
     log_prompts: bool = False
+    breaker: BreakerSettings = BreakerSettings()
 
     @field_validator("redis_url")
     @classmethod
@@ -60,15 +69,22 @@ class GatewaySettings(_Model):
 
 class UpstreamConfig(_Model):
     name: Id
-    base_url: str
+    # What it speaks: an OpenAI-compatible API, Anthropic's Messages API, or Amazon Bedrock's
+    # Converse API (signed with the function's IAM role: no API key).
+    kind: Literal["openai", "anthropic", "bedrock"] = "openai"
+    base_url: str | None = None  # required but for bedrock (which defaults to its region's)
+    region: NonEmpty | None = None  # bedrock: the AWS region (default: the function's own)
     api_key_env: NonEmpty | None = None
     api_key_secret: NonEmpty | None = None
     api_key_parameter: NonEmpty | None = None
     timeout_seconds: PosFloat | None = None
+    breaker: BreakerSettings | None = None  # default: the gateway's `breaker`
 
     @field_validator("base_url")
     @classmethod
-    def _base_url(cls, v: str) -> str:
+    def _base_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
         scheme, sep, rest = v.partition("://")
         if not sep or scheme.lower() not in ("http", "https") or not rest.strip("/"):
             raise ValueError(f"{v!r} is not an http(s) URL like https://api.openai.com/v1")
@@ -86,6 +102,12 @@ class UpstreamConfig(_Model):
     def _one_key_source(self) -> UpstreamConfig:
         if len(self.key_sources()) > 1:
             raise ValueError("set at most one of api_key_env, api_key_secret, api_key_parameter")
+        if self.kind == "bedrock" and self.key_sources():
+            raise ValueError("a bedrock upstream signs with the function's IAM role: no API key")
+        if self.kind != "bedrock" and self.base_url is None:
+            raise ValueError(f"a {self.kind} upstream needs base_url")
+        if self.kind != "bedrock" and self.region is not None:
+            raise ValueError("region is only used by a bedrock upstream")
         return self
 
     def key_sources(self) -> list[KeySource]:
@@ -121,6 +143,12 @@ class EstimatorSettings(_Model):
 class PriceConfig(_Model):
     input_per_million: NonNegFloat
     output_per_million: NonNegFloat
+    # Input read from the provider's prompt cache (OpenAI cached_tokens, Anthropic
+    # cache_read_input_tokens) and written to it (Anthropic cache_creation_input_tokens).
+    # Unset: read at the input price, written at 1.25x it (Anthropic's 5-minute write price),
+    # so a route that does not say is never under-charged.
+    cached_input_per_million: NonNegFloat | None = None
+    cache_write_per_million: NonNegFloat | None = None
 
 
 class RouteConfig(_Model):
@@ -132,6 +160,10 @@ class RouteConfig(_Model):
     price: PriceConfig | None = None
     max_output_tokens: PosInt = 4096
     min_output_reservation: PosInt = 16
+    # Other routes tried in order when this one's upstream fails before any byte reached the
+    # client (429, 5xx, timeout, connection error) or its breaker is open. Each is priced and
+    # capped as itself; the reservation is made at the highest prices of the chain.
+    fallbacks: list[RouteName] = []
 
     @model_validator(mode="after")
     def _reservation(self) -> RouteConfig:

@@ -216,7 +216,8 @@ def test_base_config_builds() -> None:
     route = config.routes["gpt-4o-mini"]
     assert route.model == "gpt-4o-mini"  # defaults to the public name
     assert route.upstream is config.upstreams["openai"]
-    assert route.prices == Prices(150, 600)
+    # An OpenAI-compatible API bills no cache writes: a write costs what input does.
+    assert route.prices == Prices(150, 600, cache_write_nusd=150)
     assert (route.policy, route.estimator.kind) == ("truncate", "max_tokens")
     assert (route.max_output_tokens, route.min_output_reservation) == (4096, 16)
     assert config.upstreams["openai"].timeout_seconds == config.gateway.upstream_timeout_seconds
@@ -324,7 +325,7 @@ def test_real_provider_example(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.upstreams["anthropic"].timeout_seconds == 600
     assert config.routes["claude-sonnet"].model == "claude-sonnet-4-0"
     assert config.routes["claude-sonnet"].estimator.fixed_tokens == 1024
-    assert config.routes["gpt-4o"].prices == Prices(2500, 10_000)
+    assert config.routes["gpt-4o"].prices == Prices(2500, 10_000, cache_write_nusd=2500)
     scope = config.tenant_scope("acme-web")
     assert [(b.dimension, b.limit) for b in scope.budgets] == [
         (Dimension.TOTAL_TOKENS, 2_000_000),
