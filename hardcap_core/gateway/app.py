@@ -39,7 +39,7 @@ from hardcap_core.ledger import Ledger
 from hardcap_core.ledger.connection import connect
 from hardcap_core.logs import logger
 from hardcap_core.providers.http import make_http_client
-from hardcap_core.providers.openai_compat import OpenAICompatible
+from hardcap_core.providers.registry import providers_for
 from hardcap_core.wire.base import WireFormat
 from hardcap_core.wire.openai_chat import OpenAIChat
 
@@ -82,8 +82,8 @@ class Runtime:
         self._ledger_client = client
         self._http_client = self._http_client or make_http_client()
         ledger, fallback = _ledger(client, self.config)
-        provider = OpenAICompatible(self._http_client, chars_per_token=g.chars_per_token)
-        return Gateway(self.config, ledger, provider, fallback)
+        providers = providers_for(self.config, self._http_client)
+        return Gateway(self.config, ledger, providers, fallback)
 
     async def aclose(self) -> None:
         if self._http_client is not None:

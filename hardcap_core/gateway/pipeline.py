@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -72,14 +73,13 @@ class Gateway:
         self,
         config: Config,
         ledger: Ledger,
-        provider: Provider,
+        providers: Mapping[str, Provider],
         fallback: SettleFallback | None = None,
     ) -> None:
         self.config = config
         self.ledger = ledger
+        self.providers = providers  # by upstream kind: openai, anthropic, bedrock
         self.fallback = fallback  # where a settle the cache does not take is kept
-        # One kind of upstream today (OpenAI-compatible); the route's upstream will pick one.
-        self.provider = provider
         self.estimators = {name: self._estimator(r) for name, r in config.routes.items()}
         g = config.gateway
         self.meter_settings = MeterSettings(
@@ -102,10 +102,12 @@ class Gateway:
     # -- endpoints ------------------------------------------------------------------------------
 
     def authenticate(self, request: Request) -> Principal:
-        key = bearer_token(request.headers.get("authorization"))
+        # OpenAI's SDKs send `Authorization: Bearer`, Anthropic's `x-api-key`: either works.
+        key = bearer_token(request.headers.get("authorization")) or request.headers.get("x-api-key")
         if not key:
             raise AuthenticationFailed(
-                "Missing API key: send it as 'Authorization: Bearer <key>'.", code="missing_api_key"
+                "Missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key'.",
+                code="missing_api_key",
             )
         principal = self.config.authenticate(key)
         if principal is None:
@@ -136,13 +138,14 @@ class Gateway:
             logger.info("prompt", extra={"route": route.name, "messages": chat.messages})
         if not chat.stream:
             return await self._complete(route, chat, admission, max_tokens, wire)
-        same = self.provider.dialect == wire.dialect
+        provider = self.providers[route.upstream.kind]
+        same = provider.dialect == wire.dialect
         # Defence in depth: the provider is asked for no more than the budgets had left, so
         # even output the meter failed to count cannot take the stream past them.
         room = admission.output_room
         upstream_cap = max_tokens if room is None else min(max_tokens, room)
         relay = Relay(
-            self.provider.stream(route, chat, upstream_cap),
+            provider.stream(route, chat, upstream_cap),
             admission.meter,
             wire.encoder(chat, model=route.name, same_dialect=same),
             deadline=_deadline(request),
@@ -292,7 +295,7 @@ class Gateway:
         # A reply that cannot be cut is capped upstream at what is reserved.
         cap = meter.reserved if meter.reservation and route.policy.cuts else max_tokens
         try:
-            completion = await self.provider.complete(route, chat, cap)
+            completion = await self.providers[route.upstream.kind].complete(route, chat, cap)
         except UpstreamMalformed:
             # It answered 200 with a reply we cannot use: it was generated and is billed, up
             # to the cap it was sent.
@@ -310,7 +313,7 @@ class Gateway:
         # Without the provider's count, a length guess could be low: charge the cap it was sent.
         meter.received_whole(completion.tokens if reported else max(completion.tokens, cap))
         await meter.settle(Outcome.COMPLETED, usage)
-        same = self.provider.dialect == wire.dialect
+        same = self.providers[route.upstream.kind].dialect == wire.dialect
         charged = Charged(meter.charged_input, meter.charged_output, usage)
         body = wire.reply(completion, model=route.name, same_dialect=same, charged=charged)
         if self.config.gateway.log_prompts:
