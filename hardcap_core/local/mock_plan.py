@@ -207,6 +207,11 @@ class Plan:
     malformed: int | None = None  # the kind of bad event to send (`MALFORMED_KINDS`)
     malformed_at: int = 1  # ... before this step (0: as the stream's first event)
     eof_after: int | None = None
+    retry_after: float | None = None  # a Retry-After header on the error (`[mock:retry_after=S]`)
+    hang: bool = False  # never answer until the client leaves (`[mock:hang=1]`)
+    drop: bool = False  # a whole reply drops its connection mid-body (a "disconnect" fault)
+    cache_read: int = 0  # prompt tokens reported read from the cache (`[mock:cache_read=N]`)
+    cache_write: int = 0  # prompt tokens reported written to it (`[mock:cache_write=N]`)
 
     @property
     def reasoning_tokens(self) -> int:
@@ -276,13 +281,17 @@ def make_plan(
     """
     knobs = _directives(req.last_user_text())
     reasoning: list[str] = []
-    if "reason" in req.model or req.reasoning_effort is not None:
+    if "thinking" in knobs:
+        reasoning = draw_words(rng, int(knobs["thinking"]))
+    elif "reason" in req.model or req.reasoning_effort is not None:
         count = reasoning_tokens or draw_length(rng, median_tokens, sigma)
         reasoning = draw_words(rng, count)
     forced = knobs.get("tokens")
     drawn = draw_length(rng, median_tokens, sigma) if forced is None else int(forced)
     shape: Shape = "content"
     tool = _tool_to_call(req)
+    if knobs.get("tool_use") and tool is None:
+        tool = _function_to_call(req)
     if knobs.get("function_call"):
         tool, shape = _function_to_call(req), "function_call"
     elif knobs.get("audio"):
@@ -313,8 +322,11 @@ def make_plan(
         raise ValueError(f"[mock:malformed={malformed:g}]: the kinds are {MALFORMED_KINDS}")
     die_after, eof_after = knobs.get("die_after"), knobs.get("eof_after")
     keepalive = knobs.get("keepalive_ms")
+    retry_after = knobs.get("retry_after")
+    # A Retry-After goes with a 429 unless another status is named.
+    status = int(knobs.get("status", 200 if retry_after is None else 429))
     return Plan(
-        status=int(knobs.get("status", 200)),
+        status=status,
         prompt_tokens=estimate_prompt_tokens(req),
         reasoning=reasoning,
         content=content,
@@ -331,4 +343,8 @@ def make_plan(
         malformed=None if malformed is None else int(malformed),
         malformed_at=int(knobs.get("malformed_at", 1)),
         eof_after=None if eof_after is None else int(eof_after),
+        retry_after=retry_after,
+        hang=bool(knobs.get("hang")),
+        cache_read=int(knobs.get("cache_read", 0)),
+        cache_write=int(knobs.get("cache_write", 0)),
     )

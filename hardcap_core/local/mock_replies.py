@@ -19,6 +19,9 @@ import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
 from hardcap_core.local.mock_plan import (
     AUDIO_BYTES_PER_TOKEN,
     AUDIO_TOKENS_PER_WORD,
@@ -48,6 +51,48 @@ class MockAbort(Exception):
     """Raised inside a stream's generator to drop the connection (`[mock:die_after=N]`)."""
 
 
+class CuttableStreamingResponse(StreamingResponse):
+    """A StreamingResponse that can end without its final body message, like a crashed host.
+
+    It also closes the body generator itself: if a disconnect cancels the response while the
+    generator is parked at a `yield`, Starlette leaves it to the garbage collector, and the
+    ground truth would become final only at some later time. If the disconnect comes before
+    the generator ever ran, its `finally` never runs, so the account is closed here too.
+    """
+
+    def __init__(
+        self,
+        content: AsyncGenerator[bytes, None],
+        account: Account,
+        headers: dict[str, str] | None = None,
+        media_type: str = "text/event-stream",
+    ) -> None:
+        super().__init__(content, media_type=media_type, headers=headers)
+        self._generator = content
+        self._account = account
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except MockAbort:
+            # Returning with the response incomplete makes uvicorn drop the connection (it logs
+            # one line), so the client sees a body cut mid-stream with no [DONE].
+            pass
+        finally:
+            await self._generator.aclose()
+            self._account.close(finished=False)
+
+
+async def dropped(body: bytes, account: Account) -> AsyncGenerator[bytes, None]:
+    """Half of a whole reply's body, then the connection drops (a "disconnect" fault): the
+    provider failed, so nothing is billed."""
+    try:
+        yield body[: len(body) // 2]
+        raise MockAbort
+    finally:
+        account.close(finished=False)
+
+
 Step = list[tuple[dict[str, Any], int]]  # the deltas of one step, each with its billed tokens
 
 
@@ -57,12 +102,16 @@ def usage(plan: Plan) -> dict[str, Any]:
     if plan.shape == "audio":
         details["audio_tokens"] = plan.audio_tokens
         details["text_tokens"] = plan.completion_tokens - plan.audio_tokens - plan.reasoning_tokens
-    return {
+    out: dict[str, Any] = {
         "prompt_tokens": plan.prompt_tokens,
         "completion_tokens": plan.completion_tokens,
         "total_tokens": plan.prompt_tokens + plan.completion_tokens,
         "completion_tokens_details": details,
     }
+    if plan.cache_read:
+        # OpenAI counts cached tokens inside prompt_tokens: at most the whole prompt.
+        out["prompt_tokens_details"] = {"cached_tokens": min(plan.cache_read, plan.prompt_tokens)}
+    return out
 
 
 def _steps(plan: Plan) -> list[Step]:

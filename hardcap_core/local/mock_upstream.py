@@ -15,7 +15,10 @@ clears them with the counters. Injected error statuses bill nothing and get no r
 
 Test directives in the last user message, `[mock:name=value]`, each value a number:
 
-- `status=N`: answer with that error status (not billed).
+- `status=N`: answer with that error status (not billed). `retry_after=S`: with a
+  `Retry-After: S` header (alone: a 429). `hang=1`: never answer; wait until the client gives
+  up (nothing billed). The same for a while for every request: `POST /mock/fault`
+  (`mock_faults`: a status, hang or disconnect for N seconds; `{}` or `/mock/reset` clears).
 - `tokens=N`: N output pieces (max_tokens still caps); `pace_ms=X`: X ms between steps.
 - `die_after=N`: drop the connection after N steps (reasoning tokens and output pieces), or at
   the end if shorter: no finish chunk, no [DONE], the transfer is left incomplete.
@@ -38,6 +41,12 @@ Test directives in the last user message, `[mock:name=value]`, each value a numb
   mangled the same way (1: bad bytes in the content, 2: `choices: [null]`, 3: the body is
   `{"error": "boom"}`, 4: `usage: 5`, 5: a body that is not JSON, 6: the reply in an array),
   with status 200 and every token billed.
+- `thinking=N`: N reasoning tokens first, whatever the model (Anthropic mode: thinking
+  blocks). `tool_use=1`: a tool call of the first tool (else one named "lookup") even with
+  no cue in the prompt.
+- `cache_read=N` / `cache_write=N`: that many of the prompt's tokens (at most all of them)
+  are reported read from (OpenAI: `prompt_tokens_details.cached_tokens`) or written to the
+  provider's prompt cache (Anthropic mode only: OpenAI reports no writes).
 - `function_call=1`: the answer is a legacy `function_call` (name, then argument fragments;
   the first of `functions` or `tools`, else "lookup"), finish reason "function_call".
 - `audio=1`: the answer is spoken: each of the N words streams as a `delta.audio.transcript`
@@ -64,12 +73,17 @@ from collections.abc import AsyncGenerator
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
+from hardcap_core.local.mock_faults import Faults, apply_fault, hang, parse_fault, retry_headers
 from hardcap_core.local.mock_plan import ChatRequest, Plan, make_plan
-from hardcap_core.local.mock_replies import MockAbort, reply_body, stream_events
+from hardcap_core.local.mock_replies import (
+    CuttableStreamingResponse,
+    dropped,
+    reply_body,
+    stream_events,
+)
 from hardcap_core.local.mock_truth import Account, GroundTruth
 
 MODELS = ("mock-small", "mock-large", "mock-reason")
@@ -93,37 +107,6 @@ class MockSettings:
             raise ValueError("median_tokens must be >= 1, sigma and reasoning_tokens >= 0")
 
 
-class _CuttableStreamingResponse(StreamingResponse):
-    """A StreamingResponse that can end without its final body message, like a crashed host.
-
-    It also closes the body generator itself: if a disconnect cancels the response while the
-    generator is parked at a `yield`, Starlette leaves it to the garbage collector, and the
-    ground truth would become final only at some later time. If the disconnect comes before
-    the generator ever ran, its `finally` never runs, so the account is closed here too.
-    """
-
-    def __init__(
-        self,
-        content: AsyncGenerator[bytes, None],
-        account: Account,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(content, media_type="text/event-stream", headers=headers)
-        self._generator = content
-        self._account = account
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        except MockAbort:
-            # Returning with the response incomplete makes uvicorn drop the connection (it logs
-            # one line), so the client sees a body cut mid-stream with no [DONE].
-            pass
-        finally:
-            await self._generator.aclose()
-            self._account.close(finished=False)
-
-
 async def _gzipped(events: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
     """The stream gzip-compressed, flushed after every event so it still streams."""
     packer = zlib.compressobj(wbits=31)  # 31: the gzip container
@@ -135,7 +118,7 @@ async def _gzipped(events: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes,
         await events.aclose()
 
 
-def _error(status: int, message: str) -> JSONResponse:
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     kind = {
         400: "invalid_request_error",
         401: "authentication_error",
@@ -145,6 +128,7 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(
         {"error": {"message": message, "type": kind, "param": None, "code": None}},
         status_code=status,
+        headers=headers,
     )
 
 
@@ -156,16 +140,22 @@ async def _complete(
         # A real model takes as long to answer without streaming as with it.
         steps = len(plan.reasoning) + len(plan.content)
         await asyncio.sleep((first_token_ms + plan.silent_ms + steps * plan.pace_ms) / 1000)
-        account.add_tokens(plan.completion_tokens)
-        finished = True
+        if not plan.drop:
+            account.add_tokens(plan.completion_tokens)
+            finished = True
     finally:
-        account.close(finished)
-    return Response(reply_body(req, plan), media_type="application/json")
+        if not plan.drop:
+            account.close(finished)
+    body = reply_body(req, plan)
+    if plan.drop:
+        return CuttableStreamingResponse(dropped(body, account), account, None, "application/json")
+    return Response(body, media_type="application/json")
 
 
 def create_mock_app(settings: MockSettings) -> Starlette:
     """The mock upstream as an ASGI app. Its `GroundTruth` is at `app.state.ground_truth`."""
     truth = GroundTruth()
+    faults = Faults()
     rng = random.Random(settings.seed)
 
     async def chat_completions(request: Request) -> Response:
@@ -188,12 +178,16 @@ def create_mock_app(settings: MockSettings) -> Starlette:
             )
         except ValueError as exc:
             return _error(400, str(exc))
+        plan = apply_fault(plan, faults.active())
         tenant = truth.tenant(req.tenant())
         tenant.requests += 1
-        if plan.status >= 400:
+        if plan.hang or plan.status >= 400:
             # Providers do not bill a failed request, so only `errors` records it.
             tenant.errors += 1
-            return _error(plan.status, f"injected error ([mock:status={plan.status}])")
+            if plan.hang:
+                return await hang(request)
+            message = f"injected error ([mock:status={plan.status}])"
+            return _error(plan.status, message, retry_headers(plan.retry_after))
         tenant.prompt_tokens += plan.prompt_tokens
         tenant.in_flight += 1
         account = Account(tenant)
@@ -204,8 +198,8 @@ def create_mock_app(settings: MockSettings) -> Starlette:
             body = stream_events(req, plan, account, settings.first_token_ms)
             if plan.gzip:
                 encoding = {"content-encoding": "gzip"}
-                return _CuttableStreamingResponse(_gzipped(body), account, encoding)
-            return _CuttableStreamingResponse(body, account)
+                return CuttableStreamingResponse(_gzipped(body), account, encoding)
+            return CuttableStreamingResponse(body, account)
         return await _complete(req, plan, account, settings.first_token_ms)
 
     async def ground_truth(_: Request) -> Response:
@@ -216,7 +210,18 @@ def create_mock_app(settings: MockSettings) -> Starlette:
 
     async def reset(_: Request) -> Response:
         truth.reset()
+        faults.set(None)
         return JSONResponse({"ok": True})
+
+    async def set_fault(request: Request) -> Response:
+        try:
+            faults.set(parse_fault(await request.json()))
+        except ValueError as exc:
+            return _error(400, f"invalid fault: {exc}")
+        return JSONResponse({"ok": True, **faults.as_json()})
+
+    async def show_fault(_: Request) -> Response:
+        return JSONResponse(faults.as_json())
 
     async def models(_: Request) -> Response:
         data = [
@@ -234,10 +239,13 @@ def create_mock_app(settings: MockSettings) -> Starlette:
             Route("/mock/ground-truth", ground_truth, methods=["GET"]),
             Route("/mock/requests", requests, methods=["GET"]),
             Route("/mock/reset", reset, methods=["POST"]),
+            Route("/mock/fault", set_fault, methods=["POST"]),
+            Route("/mock/fault", show_fault, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
         ]
     )
     app.state.ground_truth = truth
+    app.state.faults = faults
     return app
 
 
