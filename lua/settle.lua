@@ -11,6 +11,8 @@
 -- ARGV[4]  how long to remember the settle for idempotency, ms
 -- ARGV[5]  JSON: {b: [[field, dim, limit, used_key_index]...], w: [[start_ms, end_ms, spec]...],
 --                 xm: ms an expiry charge is remembered, pi/po: nUSD per input/output token,
+--                 c: the cost in nUSD when it is not inp * pi + out * po (input read from or
+--                    written to the provider's prompt cache has prices of its own),
 --                 u: the usage record's own fields: {m: meta (lib.lua), oc: outcome,
 --                    est: 1 if the counts are the gateway's estimate, rs: reasoning tokens,
 --                    ci: cached input tokens}}
@@ -70,10 +72,11 @@ else
   end
 end
 
+local cost = spec.c or amount('usd', inp, out, spec.pi, spec.po)
 local used_keys = used_keys_from(11)
 for _, b in ipairs(spec.b) do
   local key = used_keys[b[4]]
-  local a = amount(b[2], inp, out, spec.pi, spec.po)
+  local a = (b[2] == 'usd') and cost or amount(b[2], inp, out, spec.pi, spec.po)
   local prev = before[b[1]]
   if prev then
     a = a - prev[1]
@@ -90,7 +93,7 @@ local u = spec.u or {}
 append_record('s', rid, u.m, {
   oc = u.oc or 'completed', est = u.est or 0, n = 1 - charged_at_expiry,
   i = inp - xi, o = out - xo, rs = u.rs or 0, ci = u.ci or 0,
-  usd = amount('usd', inp, out, spec.pi, spec.po) - xusd, t0 = t0})
+  usd = cost - xusd, t0 = t0})
 
 local used, reserved = read_counts(used_keys, spec.b)
 local reply = {'ok', now, had, charged_at_expiry}

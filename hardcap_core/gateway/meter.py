@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hardcap_core.budgets import Prices, Scope
-from hardcap_core.config import Policy
+from hardcap_core.config import Policy, Route
 from hardcap_core.errors import LedgerUnavailable
 from hardcap_core.events import Usage
 from hardcap_core.gateway.metrics import record_request
@@ -59,7 +59,12 @@ class SettleFallback(Protocol):
     """Where a settle goes when the cache does not take it (:mod:`hardcap_core.rollup.durable`)."""
 
     async def keep(
-        self, reservation: Reservation, input_tokens: int, output_tokens: int, note: SettleNote
+        self,
+        reservation: Reservation,
+        input_tokens: int,
+        output_tokens: int,
+        note: SettleNote,
+        cost_nusd: int,
     ) -> bool: ...
 
 
@@ -108,7 +113,9 @@ class Meter:
         self.input_estimate = input_estimate
         self.estimator = estimator
         self.route = route
-        self.prices = prices
+        self.prices = prices  # of the target that serves the request (a fallback may change it)
+        self.charged_cost = 0
+        self.served: Route | None = None  # the target that served it, once one was tried
         self.meta = meta or (reservation.meta if reservation else ReservationMeta(route=route))
         self._clock = clock
         self.fallback = fallback  # None: no durable store; a settle the cache misses is lost
@@ -135,6 +142,13 @@ class Meter:
         self._read_at = 0.0
         self._arrived = 0  # output tokens read after the first read
         self._batches: collections.deque[int] = collections.deque(maxlen=STALL_WINDOW)
+
+    def serve_with(self, target: Route) -> None:
+        """``target`` (the route or one of its fallbacks) serves the request: its prices are
+        the ones charged, its model and upstream the ones the usage record names."""
+        self.prices = target.prices
+        self.upstream = target.upstream.name
+        self.served = target
 
     def note_read(self, tokens: int) -> None:
         """The relay read ``tokens`` more output tokens from the provider in one network read."""
@@ -286,11 +300,22 @@ class Meter:
             self.charged_input = self.input_estimate if reported_in is None else reported_in
             # A reported 0 with output forwarded is not believed: count what went out.
             self.charged_output = reported_out or self.seen
+        cached = (usage.cached_input_tokens or 0) if usage and not outcome.cut else 0
+        written = (usage.cache_write_input_tokens or 0) if usage and not outcome.cut else 0
+        if outcome.cut or usage is None or usage.input_tokens is None:
+            # The input was not reported as billed: it may all have been a cache write, the
+            # dearest way to bill it.
+            written = self.charged_input
+        self.charged_cost = self.prices.cost(
+            self.charged_input, self.charged_output, cached, written
+        )
         note = SettleNote(
             outcome=outcome.value,
             estimate=outcome.cut,
             reasoning_tokens=(usage.reasoning_tokens or 0) if usage else 0,
             cached_input_tokens=(usage.cached_input_tokens or 0) if usage else 0,
+            model=self.served.model if self.served else "",
+            provider=self.served.upstream.name if self.served else "",
         )
         began = self._clock()
         charge = self._settle_reserved(note) if self.reservation else self._settle_unguarded(note)
@@ -322,6 +347,7 @@ class Meter:
                     input_tokens=self.charged_input,
                     output_tokens=self.charged_output,
                     note=note,
+                    cost_nusd=self.charged_cost,
                 )
             except LedgerUnavailable as e:
                 if delay is None:
@@ -360,6 +386,7 @@ class Meter:
                 input_tokens=self.charged_input,
                 output_tokens=self.charged_output,
                 note=note,
+                cost_nusd=self.charged_cost,
             )
         except LedgerUnavailable:
             logger.warning(
@@ -373,7 +400,9 @@ class Meter:
         the cache answers again (without one, the usage is lost: docs/design.md)."""
         if self.fallback is None:
             return
-        kept = await self.fallback.keep(reservation, self.charged_input, self.charged_output, note)
+        kept = await self.fallback.keep(
+            reservation, self.charged_input, self.charged_output, note, self.charged_cost
+        )
         if kept:
             logger.warning("settle kept in the durable store", extra={"route": self.route,
                            "reservation_id": reservation.id})  # fmt: skip

@@ -33,6 +33,7 @@ from hardcap_core.errors import (
     TooManyRequests,
     UpstreamMalformed,
 )
+from hardcap_core.gateway.failover import Targets
 from hardcap_core.gateway.meter import Meter, MeterSettings, SettleFallback
 from hardcap_core.gateway.relay import Relay
 from hardcap_core.gateway.response import RelayResponse
@@ -46,6 +47,7 @@ from hardcap_core.ledger import (
     Unguarded,
     UsageRow,
 )
+from hardcap_core.ledger.breakers import Breakers
 from hardcap_core.ledger.estimators import (
     Estimator,
     FixedEstimator,
@@ -79,6 +81,7 @@ class Gateway:
         self.config = config
         self.ledger = ledger
         self.providers = providers  # by upstream kind: openai, anthropic, bedrock
+        self.breakers = Breakers(ledger.client, ledger.scripts, ledger.keys)
         self.fallback = fallback  # where a settle the cache does not take is kept
         self.estimators = {name: self._estimator(r) for name, r in config.routes.items()}
         g = config.gateway
@@ -138,14 +141,14 @@ class Gateway:
             logger.info("prompt", extra={"route": route.name, "messages": chat.messages})
         if not chat.stream:
             return await self._complete(route, chat, admission, max_tokens, wire)
-        provider = self.providers[route.upstream.kind]
-        same = provider.dialect == wire.dialect
+        targets = self._targets(route, admission.meter)
+        same = self._same_dialect(route, wire)
         # Defence in depth: the provider is asked for no more than the budgets had left, so
         # even output the meter failed to count cannot take the stream past them.
         room = admission.output_room
         upstream_cap = max_tokens if room is None else min(max_tokens, room)
         relay = Relay(
-            provider.stream(route, chat, upstream_cap),
+            targets.stream(chat, upstream_cap),
             admission.meter,
             wire.encoder(chat, model=route.name, same_dialect=same),
             deadline=_deadline(request),
@@ -238,7 +241,7 @@ class Gateway:
                 input_tokens=chat.input_tokens,
                 output_estimate=estimate,
                 min_output=least,
-                prices=route.prices,
+                prices=self.config.hold_prices(route),
                 fail_open=principal.fail_mode == "open",
                 meta=meta,
                 # A hold whose settle never comes (the instance died) is charged, not
@@ -263,7 +266,7 @@ class Gateway:
             reservation = result.reservation
             headers = wire.budget_headers(result.budgets, result.rates, result.server_time_ms)
             if policy.cuts:
-                room = output_room(result, route.prices)
+                room = output_room(result, self.config.hold_prices(route))
         meter = Meter(
             self.ledger,
             principal.scope,
@@ -295,7 +298,7 @@ class Gateway:
         # A reply that cannot be cut is capped upstream at what is reserved.
         cap = meter.reserved if meter.reservation and route.policy.cuts else max_tokens
         try:
-            completion = await self.providers[route.upstream.kind].complete(route, chat, cap)
+            completion = await self._targets(route, meter).complete(chat, cap)
         except UpstreamMalformed:
             # It answered 200 with a reply we cannot use: it was generated and is billed, up
             # to the cap it was sent.
@@ -313,7 +316,7 @@ class Gateway:
         # Without the provider's count, a length guess could be low: charge the cap it was sent.
         meter.received_whole(completion.tokens if reported else max(completion.tokens, cap))
         await meter.settle(Outcome.COMPLETED, usage)
-        same = self.providers[route.upstream.kind].dialect == wire.dialect
+        same = self._same_dialect(route, wire)
         charged = Charged(meter.charged_input, meter.charged_output, usage)
         body = wire.reply(completion, model=route.name, same_dialect=same, charged=charged)
         if self.config.gateway.log_prompts:
@@ -322,6 +325,16 @@ class Gateway:
         if meter.final_budgets:
             headers = {**headers, **wire.budget_headers(meter.final_budgets, (), _now_ms())}
         return Response(json.dumps(body), media_type="application/json", headers=headers)
+
+    def _targets(self, route: Route, meter: Meter) -> Targets:
+        return Targets(self.config.chain(route), self.providers, self.breakers, meter)
+
+    def _same_dialect(self, route: Route, wire: WireFormat) -> bool:
+        """Whether every target speaks the client's dialect, so its chunks may pass through."""
+        return all(
+            self.providers[t.upstream.kind].dialect == wire.dialect
+            for t in self.config.chain(route)
+        )
 
     async def _ledger_call(self, awaitable: Any) -> Any:
         try:

@@ -185,9 +185,11 @@ class Ledger:
         input_tokens: int,
         output_tokens: int,
         note: SettleNote = COMPLETED,
+        cost_nusd: int | None = None,
     ) -> Settled:
         """Release ``reservation``, charge the real counts and append their usage record (with
-        ``note``). Retry-safe: never charges or records twice.
+        ``note``). Retry-safe: never charges or records twice. ``cost_nusd``: the cost when it
+        is not the counts at the reservation's prices (cached input, another target's prices).
 
         If the hold expired and was charged at expiry, only the difference is charged
         (:attr:`Settled.expiry_charged`)."""
@@ -198,6 +200,8 @@ class Ledger:
         def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
             used_keys, spec = self._budget_spec(scope, now_ms, more)
             spec.update(pi=prices.input_nusd, po=prices.output_nusd, u=record)
+            if cost_nusd is not None:
+                spec["c"] = max(int(cost_nusd), 0)
             keys = [*self.keys.ledger(scope), self.keys.settled(scope, reservation.id), *used_keys]
             args = [
                 reservation.id,

@@ -62,6 +62,10 @@ class Keyspace:
             b = f"{self.prefix}:{{t:{tenant}}}:est:{route}"
         return [f"{b}:samples", f"{b}:stats"]
 
+    def breaker(self, upstream: str) -> str:
+        """The circuit breaker of ``upstream``, in a slot of its own."""
+        return f"{self.prefix}:{{brk:{upstream}}}"
+
     def estimator_votes(self, route: str) -> list[str]:
         """votes (tenant -> its quantile), consensus ({q, t}) of ``route``, in the route's slot."""
         b = f"{self.prefix}:{{est:{route}}}"

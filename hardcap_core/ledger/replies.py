@@ -84,11 +84,18 @@ class SettleNote:
     estimate: bool = False  # the counts are the gateway's estimate (a cut stream), not reported
     reasoning_tokens: int = 0  # part of the output tokens, as the provider reported them
     cached_input_tokens: int = 0  # part of the input tokens, as the provider reported them
+    model: str = ""  # the model that served it, if not the reservation's (a fallback)
+    provider: str = ""  # the upstream that served it, if not the reservation's
 
     def record(self, meta: ReservationMeta) -> dict[str, Any]:
         """settle.lua's ``u`` argument."""
+        m = meta.record()
+        if self.model:
+            m["md"] = self.model
+        if self.provider:
+            m["pv"] = self.provider
         return {
-            "m": meta.record(),
+            "m": m,
             "oc": self.outcome,
             "est": 1 if self.estimate else 0,
             "rs": max(self.reasoning_tokens, 0),

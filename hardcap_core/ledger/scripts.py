@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 LEDGER_SCRIPTS = ("admit", "extend", "settle", "usage", "hydrate")
-STANDALONE_SCRIPTS = ("estimator_record", "estimator_vote", "unlock")
+STANDALONE_SCRIPTS = ("estimator_record", "estimator_vote", "unlock", "breaker")
 
 
 def lua_dir() -> Path:
@@ -59,6 +59,7 @@ class Scripts:
     estimator_record: Script
     estimator_vote: Script
     unlock: Script
+    breaker: Script
 
     @classmethod
     def register(cls, client: Any) -> Scripts:

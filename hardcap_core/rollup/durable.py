@@ -23,13 +23,18 @@ from hardcap_core.rollup.table import UsageTable
 
 
 def settle_payload(
-    reservation: Reservation, input_tokens: int, output_tokens: int, note: SettleNote
+    reservation: Reservation,
+    input_tokens: int,
+    output_tokens: int,
+    note: SettleNote,
+    cost_nusd: int | None = None,
 ) -> dict[str, Any]:
     """What a pending item holds: enough to run the same settle later."""
     m = reservation.meta
     return {
         "in": input_tokens,
         "out": output_tokens,
+        "cost": cost_nusd,
         "pi": reservation.prices.input_nusd,
         "po": reservation.prices.output_nusd,
         "meta": {
@@ -46,6 +51,8 @@ def settle_payload(
             "estimate": note.estimate,
             "reasoning_tokens": note.reasoning_tokens,
             "cached_input_tokens": note.cached_input_tokens,
+            "model": note.model,
+            "provider": note.provider,
         },
     }
 
@@ -57,10 +64,15 @@ class DurableSettles:
         self.table = table
 
     async def keep(
-        self, reservation: Reservation, input_tokens: int, output_tokens: int, note: SettleNote
+        self,
+        reservation: Reservation,
+        input_tokens: int,
+        output_tokens: int,
+        note: SettleNote,
+        cost_nusd: int | None = None,
     ) -> bool:
         """Write the settle durably; False (logged) if DynamoDB cannot take it either."""
-        payload = settle_payload(reservation, input_tokens, output_tokens, note)
+        payload = settle_payload(reservation, input_tokens, output_tokens, note, cost_nusd)
         root = reservation.scope.root.tag
         try:
             await asyncio.to_thread(self.table.put_pending, root, reservation.id, payload)
@@ -90,7 +102,8 @@ async def replay_pending(ledger: Ledger, table: UsageTable, config: Config, root
         try:
             await ledger.settle(reservation, input_tokens=int(payload["in"]),
                                 output_tokens=int(payload["out"]),
-                                note=SettleNote(**payload["note"]))  # fmt: skip
+                                note=SettleNote(**payload["note"]),
+                                cost_nusd=payload.get("cost"))  # fmt: skip
         except LedgerUnavailable:
             return done
         await asyncio.to_thread(table.delete_pending, root.tag, rid)

@@ -146,10 +146,15 @@ class CountingLedger(Ledger):
         input_tokens: int,
         output_tokens: int,
         note: SettleNote = COMPLETED,
+        cost_nusd: int | None = None,
     ) -> Settled:
         self.settles += 1
         return await super().settle(
-            reservation, input_tokens=input_tokens, output_tokens=output_tokens, note=note
+            reservation,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            note=note,
+            cost_nusd=cost_nusd,
         )
 
 

@@ -1,0 +1,134 @@
+"""Trying a route's targets in turn: the route itself, then its fallbacks.
+
+A target is skipped while its upstream's breaker is open, and left for the next one when it
+answers 429 or 5xx, times out, or cannot be reached — all before any byte reached the client:
+once a stream is open, nothing is retried (the provider may have generated, and bills, what it
+sent). Each failure counts toward the upstream's shared breaker. The reservation belongs to
+the request, not the target: it was made at the chain's highest prices, and the meter is told
+which target served, so the charge is priced by the target actually used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from types import TracebackType
+from typing import TypeVar
+
+from hardcap_core.chat import ChatRequest
+from hardcap_core.config import Route
+from hardcap_core.errors import (
+    GatewayError,
+    TooManyRequests,
+    UpstreamFailed,
+    UpstreamMalformed,
+    UpstreamTimeout,
+)
+from hardcap_core.events import Completion, Read
+from hardcap_core.gateway.meter import Meter
+from hardcap_core.ledger.breakers import Breakers, BreakerState
+from hardcap_core.logs import logger
+from hardcap_core.providers.base import Provider
+
+T = TypeVar("T")
+
+
+class AllTargetsDown(UpstreamFailed):
+    """Every target of the route failed or had its breaker open."""
+
+    code = "upstreams_unavailable"
+
+
+def can_fail_over(error: BaseException) -> bool:
+    """Whether another target may be tried after ``error``: the upstream was rate limited,
+    failed, timed out or could not be reached — not a bad request, not a reply it generated."""
+    if isinstance(error, UpstreamMalformed):
+        return False
+    if isinstance(error, TooManyRequests):
+        return error.code == "upstream_rate_limited"
+    return isinstance(error, UpstreamFailed | UpstreamTimeout)
+
+
+class Targets:
+    """A request's chain of targets, its breakers and the meter that charges it."""
+
+    def __init__(
+        self,
+        chain: Sequence[Route],
+        providers: Mapping[str, Provider],
+        breakers: Breakers,
+        meter: Meter,
+    ) -> None:
+        self.chain = chain
+        self.providers = providers
+        self.breakers = breakers
+        self.meter = meter
+
+    async def first(self, attempt: Callable[[Route, Provider], Awaitable[T]]) -> T:
+        """``attempt`` on each target in turn until one answers; raises the last error."""
+        last: GatewayError | None = None
+        for target in self.chain:
+            upstream = target.upstream
+            before = await self.breakers.check(upstream.name, upstream.breaker)
+            if not before.allowed:
+                logger.info("upstream skipped: breaker open",
+                            extra={"upstream": upstream.name, "route": target.name})  # fmt: skip
+                last = last or AllTargetsDown(f"The provider for '{target.name}' is unavailable.")
+                continue
+            self.meter.serve_with(target)
+            try:
+                result = await attempt(target, self.providers[upstream.kind])
+            except GatewayError as e:
+                if not can_fail_over(e):
+                    raise
+                await self.breakers.failed(upstream.name, upstream.breaker)
+                logger.warning("upstream failed; trying the next target",
+                               extra={"upstream": upstream.name, "route": target.name,
+                                      "error": str(e)})  # fmt: skip
+                last = e
+                continue
+            await self._succeeded(target, before)
+            return result
+        assert last is not None, "a chain has at least one target"
+        if isinstance(last, AllTargetsDown) or len(self.chain) == 1:
+            raise last
+        raise AllTargetsDown(f"Every provider for this model failed; the last: {last}") from last
+
+    async def _succeeded(self, target: Route, before: BreakerState) -> None:
+        await self.breakers.succeeded(target.upstream.name, target.upstream.breaker, before)
+
+    async def complete(self, chat: ChatRequest, cap: int) -> Completion:
+        """A whole reply from the first target that gives one."""
+        return await self.first(lambda route, provider: provider.complete(route, chat, cap))
+
+    def stream(self, chat: ChatRequest, cap: int) -> FailoverStream:
+        """A stream from the first target that opens one (the relay enters it)."""
+        return FailoverStream(self, chat, cap)
+
+
+class FailoverStream:
+    """An async context manager like :meth:`Provider.stream`, over a chain of targets."""
+
+    def __init__(self, targets: Targets, chat: ChatRequest, cap: int) -> None:
+        self.targets = targets
+        self.chat = chat
+        self.cap = cap
+        self._exit: Callable[..., Awaitable[bool | None]] | None = None
+
+    async def __aenter__(self) -> AsyncIterator[Read]:
+        async def attempt(route: Route, provider: Provider) -> AsyncIterator[Read]:
+            opened = provider.stream(route, self.chat, self.cap)
+            reads = await opened.__aenter__()
+            self._exit = opened.__aexit__
+            return reads
+
+        return await self.targets.first(attempt)
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        if self._exit is None:
+            return None
+        return await self._exit(kind, error, tb)
