@@ -169,6 +169,7 @@ class Gateway:
                 "org": principal.org_id,
                 "live_reservations": usage.live_reservations,
                 "budgets": rows,
+                "upstreams": await self._upstream_states(principal),
             },
             headers=wire.budget_headers(states, (), usage.server_time_ms),
         )
@@ -325,6 +326,22 @@ class Gateway:
         if meter.final_budgets:
             headers = {**headers, **wire.budget_headers(meter.final_budgets, (), _now_ms())}
         return Response(json.dumps(body), media_type="application/json", headers=headers)
+
+    async def _upstream_states(self, principal: Principal) -> list[dict[str, Any]]:
+        """The breaker of every upstream this key's routes (and their fallbacks) may use."""
+        upstreams = {
+            t.upstream.name: t.upstream
+            for name, route in self.config.routes.items()
+            if principal.allows(name)
+            for t in self.config.chain(route)
+        }
+        states = await self._ledger_call(
+            self.breakers.states((u.name, u.breaker) for u in upstreams.values())
+        )
+        return [
+            {"name": name, "state": st.state, "consecutive_failures": st.failures}
+            for name, st in sorted(states.items())
+        ]
 
     def _targets(self, route: Route, meter: Meter) -> Targets:
         return Targets(self.config.chain(route), self.providers, self.breakers, meter)

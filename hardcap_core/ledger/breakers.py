@@ -80,9 +80,8 @@ class Breakers:
         out = {}
         for name, _ in upstreams:
             raw = await guarded(self.client.hmget(self.keys.breaker(name), "s", "f"))
-            state = {b"o": "open", b"h": "half_open", "o": "open", "h": "half_open"}.get(
-                raw[0], "closed"
-            )
+            code = raw[0].decode() if isinstance(raw[0], bytes) else raw[0]
+            state = {"o": "open", "h": "half_open"}.get(code or "c", "closed")
             out[name] = BreakerState(state != "open", state, int(raw[1] or 0), 0)
         return out
 

@@ -1,0 +1,180 @@
+"""Fallback chains and shared breakers, end to end: the official `openai` SDK -> gateways ->
+two mock upstreams (a primary that fails on command, a backup), real Valkey."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis
+
+from hardcap_core.local.mock_upstream import MockSettings
+from hardcap_core.local.valkey import LocalValkey, free_port
+from tests.stack import KEYS, Mock, config_data, gateway_thread
+
+HI = [{"role": "user", "content": "Say something about budgets. [mock:tokens=30]"}]
+# The backup costs more: a request it serves must be charged at its prices.
+BACKUP_PRICE = {"input_per_million": 3.0, "output_per_million": 6.0}
+
+
+@pytest.fixture(scope="module")
+def primary() -> Iterator[Mock]:
+    m = Mock(MockSettings(pace_ms=0.5, seed=31))
+    yield m
+    m.stop()
+
+
+@pytest.fixture(scope="module")
+def backup() -> Iterator[Mock]:
+    m = Mock(MockSettings(pace_ms=0.5, seed=32))
+    yield m
+    m.stop()
+
+
+@pytest.fixture
+def fresh(valkey: LocalValkey, primary: Mock, backup: Mock) -> LocalValkey:
+    with redis.Redis.from_url(valkey.url) as r:
+        r.flushall()
+    for m in (primary, backup):
+        m.reset()
+    return valkey
+
+
+def chain_config(
+    primary_url: str, backup_url: str, redis_url: str, **gateway: Any
+) -> dict[str, Any]:
+    data = config_data(primary_url, redis_url)
+    data["gateway"].update({"breaker": {"failures": 2, "cooldown_seconds": 1.0}, **gateway})
+    data["upstreams"].append(
+        {"name": "backup", "base_url": f"{backup_url}/v1", "timeout_seconds": 5}
+    )
+    data["routes"][0]["fallbacks"] = ["small-backup"]
+    data["routes"].append({"name": "small-backup", "upstream": "backup", "model": "mock-small",
+                           "price": BACKUP_PRICE, "max_output_tokens": 1024})  # fmt: skip
+    data["tenants"][0]["budgets"].append({"dimension": "cost_usd", "limit": 100, "window": "day"})
+    return data
+
+
+def sdk(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base, api_key=KEYS["alpha"], max_retries=0)
+
+
+def cost_used(base: str) -> float:
+    r = httpx.get(f"{base}/hardcap/usage", headers={"authorization": f"Bearer {KEYS['alpha']}"})
+    r.raise_for_status()
+    rows = {(b["level"], b["dimension"]): b for b in r.json()["budgets"]}
+    return float(rows[("tenant", "cost_usd")]["used"]) / 1e9  # the endpoint says nano-USD
+
+
+def breakers(base: str) -> dict[str, dict[str, Any]]:
+    r = httpx.get(f"{base}/hardcap/usage", headers={"authorization": f"Bearer {KEYS['alpha']}"})
+    return {u["name"]: u for u in r.json()["upstreams"]}
+
+
+def fault(mock: Mock, **body: Any) -> None:
+    mock.http.post("/mock/fault", json=body).raise_for_status()
+
+
+def requests_seen(mock: Mock) -> int:
+    return int(
+        mock.http.get("/mock/ground-truth").json()["tenants"].get("alpha", {}).get("requests", 0)
+    )
+
+
+def stream_text(base: str) -> tuple[str, str | None]:
+    with sdk(base) as client:
+        chunks = list(client.chat.completions.create(model="small", messages=HI, max_tokens=60,
+                                                     stream=True, user="alpha"))  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finishes = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    return text, finishes[-1] if finishes else None
+
+
+@pytest.mark.parametrize("trigger", ["503", "429", "timeout", "unreachable"])
+@pytest.mark.parametrize("stream", [True, False])
+def test_each_trigger_falls_back_and_is_priced_by_the_backup(
+    fresh: LocalValkey, primary: Mock, backup: Mock, trigger: str, stream: bool
+) -> None:
+    primary_url = primary.url if trigger != "unreachable" else f"http://127.0.0.1:{free_port()}"
+    data = chain_config(primary_url, backup.url, fresh.url)
+    if trigger == "503":
+        fault(primary, mode="status", status=503, seconds=30)
+    elif trigger == "429":
+        fault(primary, mode="status", status=429, retry_after=2, seconds=30)
+    elif trigger == "timeout":
+        data["upstreams"][0]["timeout_seconds"] = 0.5
+        fault(primary, mode="hang", seconds=30)
+    with gateway_thread(data) as base:
+        if stream:
+            text, finish = stream_text(base)
+            assert text and finish == "stop"
+        else:
+            with sdk(base) as client:
+                reply = client.chat.completions.create(model="small", messages=HI, max_tokens=60,
+                                                       user="alpha")  # fmt: skip
+            assert reply.choices[0].message.content and reply.model == "small"
+        truth = backup.truth("alpha")
+        assert truth["requests"] == 1  # the backup served it
+        want = (truth["prompt_tokens"] * 3.0 + truth["completion_tokens"] * 6.0) / 1e6
+        assert cost_used(base) == pytest.approx(want, abs=1e-9)
+
+
+def test_no_retry_after_the_first_byte(fresh: LocalValkey, primary: Mock, backup: Mock) -> None:
+    fault(primary, mode="disconnect", seconds=30)
+    with gateway_thread(chain_config(primary.url, backup.url, fresh.url)) as base:
+        with sdk(base) as client, pytest.raises(openai.APIError):
+            for _ in client.chat.completions.create(model="small", messages=HI, max_tokens=60,
+                                                    stream=True, user="alpha"):  # fmt: skip
+                pass
+        assert backup.truth("alpha").get("requests", 0) == 0  # never retried elsewhere
+        # Settled at the primary's prices for what it generated.
+        billed = primary.truth("alpha")
+        assert billed["completion_tokens"] > 0
+        assert (
+            cost_used(base)
+            >= (billed["prompt_tokens"] * 1.0 + billed["completion_tokens"] * 2.0) / 1e6
+        )
+
+
+def test_a_breaker_one_gateway_opened_is_skipped_by_another_then_probed(
+    fresh: LocalValkey, primary: Mock, backup: Mock
+) -> None:
+    data = chain_config(primary.url, backup.url, fresh.url)
+    fault(primary, mode="status", status=503, seconds=30)
+    with gateway_thread(data) as a, gateway_thread(data) as b:
+        for _ in range(2):  # two failures open it (failures: 2)
+            assert stream_text(a)[1] == "stop"
+        seen = requests_seen(primary)
+        assert breakers(b)["mock"]["state"] == "open"
+        # The other gateway never calls the primary while its breaker is open.
+        assert stream_text(b)[1] == "stop"
+        assert requests_seen(primary) == seen
+        # The primary recovers; after the cooldown one probe goes to it and closes the breaker.
+        fault(primary)
+        time.sleep(1.1)
+        before_backup = backup.truth("alpha")["requests"]
+        assert stream_text(b)[1] == "stop"
+        assert requests_seen(primary) == seen + 1
+        assert backup.truth("alpha")["requests"] == before_backup
+        assert breakers(a)["mock"] == {"name": "mock", "state": "closed", "consecutive_failures": 0}
+
+
+def test_a_probe_that_fails_opens_the_breaker_again(
+    fresh: LocalValkey, primary: Mock, backup: Mock
+) -> None:
+    data = chain_config(primary.url, backup.url, fresh.url)
+    fault(primary, mode="status", status=502, seconds=30)
+    with gateway_thread(data) as base:
+        for _ in range(2):
+            stream_text(base)
+        time.sleep(1.1)
+        seen = requests_seen(primary)
+        assert stream_text(base)[1] == "stop"  # the probe failed; the backup served
+        assert requests_seen(primary) == seen + 1
+        assert breakers(base)["mock"]["state"] == "open"
