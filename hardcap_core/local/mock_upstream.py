@@ -1,5 +1,8 @@
 """A fake OpenAI-compatible LLM server that records the ground truth of what it generated.
 
+It speaks Anthropic's Messages API too, at `POST /v1/messages` (`mock_anthropic`), with the
+same ground truth, directives and faults.
+
 Tests and benchmarks point the gateway at it. It answers `POST /v1/chat/completions` (streamed
 or not, with reasoning and tool calls) with log-normal output lengths drawn from a seeded
 `random.Random`, and counts per tenant every token it actually handed to the server for
@@ -76,6 +79,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from hardcap_core.local.mock_anthropic import anthropic_routes
 from hardcap_core.local.mock_faults import Faults, apply_fault, hang, parse_fault, retry_headers
 from hardcap_core.local.mock_plan import ChatRequest, Plan, make_plan
 from hardcap_core.local.mock_replies import (
@@ -158,6 +162,16 @@ def create_mock_app(settings: MockSettings) -> Starlette:
     faults = Faults()
     rng = random.Random(settings.seed)
 
+    def planner(req: ChatRequest) -> Plan:
+        return make_plan(
+            req,
+            rng,
+            median_tokens=settings.median_tokens,
+            sigma=settings.sigma,
+            reasoning_tokens=settings.reasoning_tokens,
+            pace_ms=settings.pace_ms,
+        )
+
     async def chat_completions(request: Request) -> Response:
         try:
             req = ChatRequest.model_validate(await request.json())
@@ -168,14 +182,7 @@ def create_mock_app(settings: MockSettings) -> Starlette:
         if any(cap is not None and cap < 1 for cap in (req.max_tokens, req.max_completion_tokens)):
             return _error(400, "max_tokens must be at least 1")
         try:
-            plan = make_plan(
-                req,
-                rng,
-                median_tokens=settings.median_tokens,
-                sigma=settings.sigma,
-                reasoning_tokens=settings.reasoning_tokens,
-                pace_ms=settings.pace_ms,
-            )
+            plan = planner(req)
         except ValueError as exc:
             return _error(400, str(exc))
         plan = apply_fault(plan, faults.active())
@@ -235,6 +242,7 @@ def create_mock_app(settings: MockSettings) -> Starlette:
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            *anthropic_routes(truth, faults, planner, settings.first_token_ms),
             Route("/v1/models", models, methods=["GET"]),
             Route("/mock/ground-truth", ground_truth, methods=["GET"]),
             Route("/mock/requests", requests, methods=["GET"]),

@@ -1,0 +1,335 @@
+"""The mock upstream's Anthropic mode: `POST /v1/messages` (streamed or not) and
+`POST /v1/messages/count_tokens`, speaking Anthropic's Messages API.
+
+Like the real API it requires a key, in `x-api-key` (or `Authorization: Bearer`, which the
+`anthropic` SDK 2.x sends; 401 without either), and `anthropic-version` (400 without),
+rejects fields the API does not have (so a provider that leaks OpenAI fields is caught),
+requires `max_tokens`, and answers errors as `{"type": "error", "error": {"type",
+"message"}}` (529 `overloaded_error` among them). One liberty: `metadata.hardcap_bench_id`
+is accepted next to `user_id` and gives the request its own ground-truth record, as in the
+OpenAI mode (the real API would reject it; the gateway's provider never sends it).
+
+Tenant: `metadata.user_id`, else "anonymous". The same ground truth as the OpenAI mode.
+
+The prompt is billed as Anthropic bills it, with cl100k_base standing in for Claude's own
+tokenizer (`anthropic_prompt_tokens`): the system prompt, every message's blocks (text,
+tool_use name and input, tool_result content, thinking text, documents), images by
+Anthropic's rule (width x height / 750 after scaling to fit 1568 px and 1.15 megapixels, at
+most 1,600; 1,600 when the size cannot be read), each tool's definition and, with tools, the
+tool-use system prompt Anthropic adds (:data:`TOOL_SYSTEM_TOKENS`). `count_tokens` answers the
+same bill. Usage reports it split: `cache_read_input_tokens` and `cache_creation_input_tokens`
+by `[mock:cache_read=N]` and `[mock:cache_write=N]`, the rest as `input_tokens`.
+
+Directives work as in the OpenAI mode (`mock_upstream`): tokens, pace_ms, thinking (thinking
+blocks streamed as thinking_delta; a `thinking` parameter of type "enabled" draws their
+length when no directive says), tool_use, ignore_cap, die_after, eof_after, status,
+retry_after, hang, cache_read, cache_write, and malformed=3 (an `error` event, then the body
+ends) or 5 (data that is not JSON); faults from `POST /mock/fault` too. `max_tokens` caps
+thinking and output together: stop_reason "max_tokens". Others (hidden, silent_ms, audio,
+function_call, gzip, other malformed kinds) are refused with a 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from hardcap_core.local.mock_anthropic_replies import (
+    ANTHROPIC_MALFORMED,
+    message_body,
+    stream_messages,
+)
+from hardcap_core.local.mock_billing import value_tokens
+from hardcap_core.local.mock_faults import Faults, apply_fault, hang, retry_headers
+from hardcap_core.local.mock_plan import ChatRequest, Plan
+from hardcap_core.local.mock_replies import CuttableStreamingResponse, dropped
+from hardcap_core.local.mock_truth import Account, GroundTruth
+from hardcap_core.wire.media import base64_bytes, image_size
+
+TOOL_SYSTEM_TOKENS = 346  # Anthropic's tool-use system prompt (tool_choice auto or none)
+TOKENS_PER_MESSAGE = 3
+IMAGE_MAX_TOKENS = 1_600
+IMAGE_LONG_EDGE = 1_568
+IMAGE_MAX_PIXELS = 1_150_000
+FIELDS = frozenset(
+    {
+        "model", "messages", "max_tokens", "system", "stream", "stop_sequences", "temperature",
+        "top_p", "top_k", "tools", "tool_choice", "metadata", "thinking", "service_tier",
+    }
+)  # fmt: skip
+BLOCKS = frozenset(
+    {"text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking", "document"}
+)
+IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+UNSUPPORTED = ("hidden", "silent_ms", "audio", "function_call", "gzip")
+
+Planner = Callable[[ChatRequest], Plan]
+
+
+def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """Anthropic's error body."""
+    kind = ERROR_TYPES.get(status, "api_error")
+    body = {"type": "error", "error": {"type": kind, "message": message}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class Invalid(ValueError):
+    """A request the real API would refuse with this status."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def check(headers: Mapping[str, str], body: Any, *, count_only: bool = False) -> None:
+    """Refuse what the Messages API refuses (the parts a provider could get wrong)."""
+    bearer = headers.get("authorization", "").removeprefix("Bearer ").strip()
+    if not headers.get("x-api-key") and not bearer:
+        raise Invalid("x-api-key header is required", 401)
+    if not headers.get("anthropic-version"):
+        raise Invalid("anthropic-version: header is required")
+    if not isinstance(body, dict):
+        raise Invalid("the body must be a JSON object")
+    extra = set(body) - FIELDS
+    if extra:
+        raise Invalid(f"{sorted(extra)[0]}: Extra inputs are not permitted")
+    if not isinstance(body.get("model"), str):
+        raise Invalid("model: Field required")
+    if not count_only:
+        cap = body.get("max_tokens")
+        if type(cap) is not int or cap < 1:
+            raise Invalid("max_tokens: Field required (an integer >= 1)")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise Invalid("messages: at least one message is required")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            raise Invalid(f"messages.{i}.role: Input should be 'user' or 'assistant'")
+        content = message.get("content")
+        if isinstance(content, list):
+            for j, block in enumerate(content):
+                _check_block(block, f"messages.{i}.content.{j}")
+        elif not isinstance(content, str):
+            raise Invalid(f"messages.{i}.content: a string or a list of blocks")
+    _check_options(body)
+
+
+def _check_block(block: Any, where: str) -> None:
+    if not isinstance(block, dict) or block.get("type") not in BLOCKS:
+        raise Invalid(f"{where}.type: one of {sorted(BLOCKS)}")
+    if block["type"] == "image":
+        source = block.get("source")
+        source = source if isinstance(source, dict) else {}
+        if source.get("type") == "base64":
+            if source.get("media_type") not in IMAGE_TYPES or not source.get("data"):
+                raise Invalid(f"{where}.source: a base64 image needs media_type and data")
+        elif source.get("type") != "url" or not isinstance(source.get("url"), str):
+            raise Invalid(f"{where}.source: type 'base64' or 'url'")
+    if block["type"] == "tool_use" and not (block.get("id") and block.get("name")):
+        raise Invalid(f"{where}: tool_use needs id and name")
+    if block["type"] == "tool_result" and not block.get("tool_use_id"):
+        raise Invalid(f"{where}: tool_result needs tool_use_id")
+
+
+def _check_options(body: dict[str, Any]) -> None:
+    for i, tool in enumerate(body.get("tools") or []):
+        if not isinstance(tool, dict) or not tool.get("name") or "input_schema" not in tool:
+            raise Invalid(f"tools.{i}: a tool needs name and input_schema")
+        if set(tool) - {"name", "description", "input_schema", "cache_control", "type"}:
+            raise Invalid(f"tools.{i}: Extra inputs are not permitted")
+    choice = body.get("tool_choice")
+    if choice is not None:
+        choice = choice if isinstance(choice, dict) else {}
+        kind = choice.get("type")
+        if kind not in ("auto", "any", "tool", "none") or (
+            kind == "tool" and not choice.get("name")
+        ):
+            raise Invalid("tool_choice: type auto, any, none, or tool with a name")
+    stop = body.get("stop_sequences")
+    if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise Invalid("stop_sequences: a list of strings")
+    temperature = body.get("temperature")
+    if temperature is not None and not 0 <= temperature <= 1:
+        raise Invalid("temperature: must be between 0 and 1")
+    metadata = body.get("metadata")
+    if metadata is not None and (
+        not isinstance(metadata, dict) or set(metadata) - {"user_id", "hardcap_bench_id"}
+    ):
+        raise Invalid("metadata: only user_id is permitted")
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
+        budget = thinking.get("budget_tokens")
+        cap = body.get("max_tokens") or math.inf
+        if type(budget) is not int or budget < 1024 or budget >= cap:
+            raise Invalid("thinking.budget_tokens: must be >= 1024 and less than max_tokens")
+
+
+def anthropic_prompt_tokens(body: Mapping[str, Any]) -> int:
+    """The input tokens Anthropic bills for a Messages ``body`` (see the module docstring)."""
+    total = _content_tokens(body.get("system"))
+    for message in body.get("messages") or ():
+        total += TOKENS_PER_MESSAGE + _content_tokens(message.get("content"))
+    tools = body.get("tools") or []
+    if tools:
+        total += TOOL_SYSTEM_TOKENS + sum(value_tokens(tool) for tool in tools)
+        total += value_tokens(body.get("tool_choice"))
+    return total
+
+
+def _content_tokens(content: Any) -> int:
+    if not isinstance(content, list):
+        return value_tokens(content)
+    total = 0
+    for block in content:
+        if not isinstance(block, dict):
+            total += value_tokens(block)
+        elif block.get("type") == "image":
+            total += image_tokens(block.get("source"))
+        elif block.get("type") == "tool_result":
+            total += _content_tokens(block.get("content"))
+        else:
+            total += sum(
+                _content_tokens(v) if k == "content" else value_tokens(v)
+                for k, v in block.items()
+                if k not in ("type", "id", "tool_use_id", "cache_control", "signature")
+            )
+    return total
+
+
+def image_tokens(source: Any) -> int:
+    """Anthropic's image rule: (w x h) / 750 after scaling down to fit, at most 1,600."""
+    size = None
+    if isinstance(source, dict) and source.get("type") == "base64":
+        size = image_size(base64_bytes(str(source.get("data", "")), 64 * 1024))
+    if size is None:
+        return IMAGE_MAX_TOKENS
+    width, height = size
+    scale = min(1.0, IMAGE_LONG_EDGE / max(width, height))
+    scale = min(scale, math.sqrt(IMAGE_MAX_PIXELS / (width * height)))
+    tokens = math.ceil(width * scale * height * scale / 750)
+    return max(1, min(tokens, IMAGE_MAX_TOKENS))
+
+
+def planning_request(body: dict[str, Any]) -> ChatRequest:
+    """The OpenAI-shaped request the mock's planner reads: the same messages, cap, tools and
+    tool choice, the tenant as `user`."""
+    tools = [
+        {"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}}
+        for t in body.get("tools") or []
+    ]
+    choice: Any = None
+    spec = body.get("tool_choice")
+    if isinstance(spec, dict):
+        named = {"type": "function", "function": {"name": spec.get("name")}}
+        choice = {"auto": "auto", "any": "required", "none": "none"}.get(spec["type"], named)
+    thinking = body.get("thinking")
+    thinks = isinstance(thinking, dict) and thinking.get("type") == "enabled"
+    metadata = body.get("metadata") or {}
+    return ChatRequest(
+        model=body["model"],
+        messages=body["messages"],
+        max_tokens=body.get("max_tokens"),
+        stream=bool(body.get("stream")),
+        tools=tools or None,
+        tool_choice=choice,
+        user=metadata.get("user_id") or None,
+        metadata=metadata,
+        reasoning_effort="high" if thinks else None,
+    )
+
+
+def anthropic_routes(
+    truth: GroundTruth,
+    faults: Faults,
+    planner: Planner,
+    first_token_ms: float,
+) -> list[Route]:
+    """The Anthropic mode's routes, sharing the OpenAI mode's ground truth, faults and planner."""
+
+    async def messages(request: Request) -> Response:
+        try:
+            body = await request.json()
+            check(request.headers, body)
+            req = planning_request(body)
+            plan = _plan(planner, req, body)
+        except Invalid as exc:
+            return error(exc.status, str(exc))
+        except ValueError as exc:
+            return error(400, str(exc))
+        plan = apply_fault(plan, faults.active())
+        tenant = truth.tenant(req.tenant())
+        tenant.requests += 1
+        if plan.hang or plan.status >= 400:
+            tenant.errors += 1  # a refused request is not billed
+            if plan.hang:
+                return await hang(request)
+            message = f"injected error ([mock:status={plan.status}])"
+            return error(plan.status, message, retry_headers(plan.retry_after))
+        tenant.prompt_tokens += plan.prompt_tokens
+        tenant.in_flight += 1
+        account = Account(tenant)
+        request_id = (req.metadata or {}).get("hardcap_bench_id")
+        if isinstance(request_id, str):
+            account.record = truth.request(request_id, req.tenant(), plan.prompt_tokens)
+        if req.stream:
+            events = stream_messages(req.model, plan, account, first_token_ms)
+            return CuttableStreamingResponse(events, account)
+        return await _whole(req.model, plan, account, first_token_ms)
+
+    async def count_tokens(request: Request) -> Response:
+        try:
+            body = await request.json()
+            check(request.headers, body, count_only=True)
+        except Invalid as exc:
+            return error(exc.status, str(exc))
+        except ValueError as exc:
+            return error(400, str(exc))
+        return JSONResponse({"input_tokens": anthropic_prompt_tokens(body)})
+
+    return [
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+    ]
+
+
+def _plan(planner: Planner, req: ChatRequest, body: dict[str, Any]) -> Plan:
+    plan = planner(req)
+    refused = [d for d in UNSUPPORTED if f"[mock:{d}=" in req.last_user_text()]
+    if refused or (plan.malformed is not None and plan.malformed not in ANTHROPIC_MALFORMED):
+        what = refused[0] if refused else f"malformed={plan.malformed}"
+        raise Invalid(f"[mock:{what}] is not available in the Anthropic mode")
+    return dataclasses.replace(plan, prompt_tokens=anthropic_prompt_tokens(body))
+
+
+async def _whole(model: str, plan: Plan, account: Account, first_token_ms: float) -> Response:
+    finished = False
+    try:
+        steps = len(plan.reasoning) + len(plan.content)
+        await asyncio.sleep((first_token_ms + steps * plan.pace_ms) / 1000)
+        body = message_body(model, plan)
+        if plan.drop:
+            events = dropped(json.dumps(body).encode(), account)
+            return CuttableStreamingResponse(events, account, None, "application/json")
+        account.add_tokens(plan.completion_tokens)
+        finished = True
+    finally:
+        if not plan.drop:
+            account.close(finished)
+    return JSONResponse(body)

@@ -1,0 +1,187 @@
+"""What the mock upstream's Anthropic mode (`mock_anthropic`) sends for a `Plan`: Messages API
+SSE events and whole `message` bodies, each billed token counted into the ground truth as it
+is handed to the server.
+
+A stream is `message_start` (input usage), then per content block `content_block_start`, its
+deltas and `content_block_stop` (a `ping` after the first block starts, as Anthropic sends
+one), then `message_delta` (stop_reason, cumulative output_tokens) and `message_stop`. A
+thinking block streams `thinking_delta` per billed thinking token and ends with an unbilled
+`signature_delta`; a tool_use block brings its name at `content_block_start` (unbilled, as
+Anthropic counts a call's input) and its input as `input_json_delta` fragments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from hardcap_core.local.mock_plan import ERROR_OBJECT, NOT_JSON, Plan
+from hardcap_core.local.mock_replies import MockAbort
+from hardcap_core.local.mock_truth import Account
+
+STOP_REASONS = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+}
+# Anthropic-mode malformed kinds: an `error` event mid-stream, or data that is not JSON.
+ANTHROPIC_MALFORMED = frozenset({ERROR_OBJECT, NOT_JSON})
+
+
+def signature(text: str) -> str:
+    """A stand-in for the signature that authenticates a thinking block (base64, as real)."""
+    return base64.b64encode(hashlib.sha256(text.encode()).digest() * 4).decode()
+
+
+def usage(plan: Plan, output_tokens: int) -> dict[str, Any]:
+    """Anthropic's usage: `input_tokens` are the prompt tokens neither read from nor written
+    to the cache; the three add up to the whole prompt."""
+    read = min(plan.cache_read, plan.prompt_tokens)
+    written = min(plan.cache_write, plan.prompt_tokens - read)
+    return {
+        "input_tokens": plan.prompt_tokens - read - written,
+        "cache_creation_input_tokens": written,
+        "cache_read_input_tokens": read,
+        "output_tokens": output_tokens,
+    }
+
+
+def _blocks(plan: Plan) -> list[tuple[str, list[str]]]:
+    blocks: list[tuple[str, list[str]]] = []
+    if plan.reasoning:
+        blocks.append(("thinking", plan.reasoning))
+    if plan.content or not blocks:
+        blocks.append(("text" if plan.tool_name is None else "tool_use", plan.content))
+    return blocks
+
+
+def _event(name: str, payload: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(payload)}\n\n".encode()
+
+
+async def stream_messages(
+    model: str, plan: Plan, account: Account, first_token_ms: float
+) -> AsyncGenerator[bytes, None]:
+    """The SSE events of one streamed message; counts each billed token into `account`."""
+    message: dict[str, Any] = {
+        "id": f"msg_{uuid.uuid4().hex[:24]}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage(plan, 0),
+    }
+    total = sum(len(pieces) for _, pieces in _blocks(plan))
+    die, eof = (None if n is None else min(n, total) for n in (plan.die_after, plan.eof_after))
+    bad_at = min(plan.malformed_at, total) if plan.malformed is not None else None
+    started = time.monotonic() + first_token_ms / 1000
+    finished = False
+    step = 0
+    try:
+        await asyncio.sleep(first_token_ms / 1000)
+        yield _event("message_start", {"type": "message_start", "message": message})
+        for index, (kind, pieces) in enumerate(_blocks(plan)):
+            yield _event("content_block_start", _block_start(index, kind, plan))
+            if index == 0:
+                yield _event("ping", {"type": "ping"})
+            for piece in [*pieces, None]:
+                if step == bad_at:
+                    bad_at = None
+                    yield _bad_event(plan)
+                    if plan.malformed == ERROR_OBJECT:
+                        return  # the provider failed: it stops, and ends the body
+                if step == die:
+                    raise MockAbort
+                if step == eof:
+                    return
+                if piece is None:
+                    break
+                await asyncio.sleep(
+                    max(0.0, started + step * plan.pace_ms / 1000 - time.monotonic())
+                )
+                account.add_tokens(1)
+                step += 1
+                yield _event("content_block_delta", _delta(index, kind, piece))
+            if kind == "thinking":
+                sig = {"type": "signature_delta", "signature": signature("".join(pieces))}
+                yield _event(
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": index, "delta": sig},
+                )
+            yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
+        delta = {"stop_reason": STOP_REASONS[plan.finish_reason], "stop_sequence": None}
+        closing = {"type": "message_delta", "delta": delta, "usage": {"output_tokens": step}}
+        yield _event("message_delta", closing)
+        yield _event("message_stop", {"type": "message_stop"})
+        finished = True
+    finally:
+        account.close(finished)
+
+
+def _block_start(index: int, kind: str, plan: Plan) -> dict[str, Any]:
+    block: dict[str, Any]
+    if kind == "thinking":
+        block = {"type": "thinking", "thinking": "", "signature": ""}
+    elif kind == "tool_use":
+        block = {"type": "tool_use", "id": _tool_id(), "name": plan.tool_name, "input": {}}
+    else:
+        block = {"type": "text", "text": ""}
+    return {"type": "content_block_start", "index": index, "content_block": block}
+
+
+def _delta(index: int, kind: str, piece: str) -> dict[str, Any]:
+    delta = {
+        "thinking": {"type": "thinking_delta", "thinking": piece},
+        "tool_use": {"type": "input_json_delta", "partial_json": piece},
+        "text": {"type": "text_delta", "text": piece},
+    }[kind]
+    return {"type": "content_block_delta", "index": index, "delta": delta}
+
+
+def _bad_event(plan: Plan) -> bytes:
+    if plan.malformed == ERROR_OBJECT:
+        error = {"type": "overloaded_error", "message": "Overloaded"}
+        return _event("error", {"type": "error", "error": error})
+    return b"event: content_block_delta\ndata: this is not json {\n\n"
+
+
+def _tool_id() -> str:
+    return f"toolu_{uuid.uuid4().hex[:24]}"
+
+
+def message_body(model: str, plan: Plan) -> dict[str, Any]:
+    """A whole (non-streamed) `message`."""
+    content: list[dict[str, Any]] = []
+    for kind, pieces in _blocks(plan):
+        text = "".join(pieces)
+        if kind == "thinking":
+            content.append({"type": "thinking", "thinking": text, "signature": signature(text)})
+        elif kind == "tool_use":
+            try:
+                arguments = json.loads(text)
+            except ValueError:
+                arguments = {}  # cut by max_tokens mid-object
+            content.append(
+                {"type": "tool_use", "id": _tool_id(), "name": plan.tool_name, "input": arguments}
+            )
+        else:
+            content.append({"type": "text", "text": text})
+    return {
+        "id": f"msg_{uuid.uuid4().hex[:24]}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": STOP_REASONS[plan.finish_reason],
+        "stop_sequence": None,
+        "usage": usage(plan, plan.completion_tokens),
+    }
