@@ -40,11 +40,17 @@ from hardcap_core.ledger.connection import connect
 from hardcap_core.logs import logger
 from hardcap_core.providers.http import make_http_client
 from hardcap_core.providers.registry import providers_for
+from hardcap_core.wire.anthropic_count import count_tokens_reply
+from hardcap_core.wire.anthropic_messages import AnthropicMessages
+from hardcap_core.wire.anthropic_request import parse_messages_request
 from hardcap_core.wire.base import WireFormat
 from hardcap_core.wire.openai_chat import OpenAIChat
 
 Handler = Callable[[Gateway, Request, Principal, WireFormat], Awaitable[Response]]
 OPENAI = OpenAIChat()
+ANTHROPIC = AnthropicMessages()
+# Paths whose 404 and 405 answer in Anthropic's error shape (its SDKs read no other).
+ANTHROPIC_PATHS = "/v1/messages"
 
 
 class Runtime:
@@ -154,6 +160,17 @@ def create_app(
     async def chat(gw: Gateway, request: Request, who: Principal, wire: WireFormat) -> Response:
         return await gw.chat(request, who, wire, request_id(request.scope))
 
+    async def count_tokens(
+        gw: Gateway, request: Request, who: Principal, wire: WireFormat
+    ) -> Response:
+        """Anthropic's count_tokens: the gateway's own estimate, the input admission would
+        reserve (see :mod:`hardcap_core.wire.anthropic_count`). Authenticated and held to the
+        key's routes like a message; it calls no upstream, so it is not charged."""
+        counted = parse_messages_request(await gw._read_body(request), counting=True)
+        gw._route(counted.model, who)  # raises for a model that is unknown or not allowed
+        headers = await gw.headers_for(who, wire)
+        return JSONResponse(count_tokens_reply(counted), headers=headers)
+
     async def usage(gw: Gateway, request: Request, who: Principal, wire: WireFormat) -> Response:
         return await gw.usage(who, wire)
 
@@ -164,7 +181,7 @@ def create_app(
         return JSONResponse({"ok": True})
 
     async def http_error(request: Request, exc: Exception) -> Response:
-        """Starlette's own 404 and 405, in the OpenAI error shape like every other error."""
+        """Starlette's own 404 and 405, in the error shape of the API the path belongs to."""
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         headers = dict(exc.headers or {}) if isinstance(exc, HTTPException) else {}
         error: GatewayError
@@ -177,7 +194,8 @@ def create_app(
         else:
             error = GatewayError(str(getattr(exc, "detail", "Internal error in the gateway.")))
             error.status = status
-        return JSONResponse(OPENAI.error_body(error), status_code=status, headers=headers)
+        wire = ANTHROPIC if request.url.path.startswith(ANTHROPIC_PATHS) else OPENAI
+        return JSONResponse(wire.error_body(error), status_code=status, headers=headers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -189,6 +207,8 @@ def create_app(
         lifespan=lifespan,
         routes=[
             Route("/v1/chat/completions", endpoint(chat, OPENAI), methods=["POST"]),
+            Route("/v1/messages", endpoint(chat, ANTHROPIC), methods=["POST"]),
+            Route("/v1/messages/count_tokens", endpoint(count_tokens, ANTHROPIC), methods=["POST"]),
             Route("/v1/models", endpoint(models, OPENAI), methods=["GET"]),
             Route("/v1/hardcap/usage", endpoint(usage, OPENAI), methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),

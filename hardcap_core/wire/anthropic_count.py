@@ -1,0 +1,77 @@
+"""What an Anthropic Messages request's input is counted: the gateway's estimate, which is what
+admission reserves and what ``POST /v1/messages/count_tokens`` answers.
+
+The estimate is :func:`hardcap_core.wire.openai_input.input_tokens` on the translated (OpenAI
+chat) body, plus what Anthropic bills beyond OpenAI's rules (:func:`anthropic_extra_tokens`),
+so it is an upper bound whichever kind of upstream the route has.
+
+count_tokens answers with this estimate and calls no upstream. Forwarding to an Anthropic
+upstream's own count_tokens would be exact, but it would cost a round trip (and that
+upstream's rate limit) on an endpoint that is free, would not exist for an OpenAI-compatible
+or Bedrock upstream, and would not be what the gateway reserves: a client that sizes its
+request by this answer is never refused for input it was told fits. The price of an upper
+bound: English prose counts about 2.6 times its real tokens (:mod:`hardcap_core.tokens`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from hardcap_core.chat import ChatRequest
+from hardcap_core.wire.media import base64_bytes, image_size, url_image_tokens
+
+# Anthropic adds a system prompt when tools are given: 159 to 530 input tokens by model and
+# tool_choice (tool-use docs, "Pricing"); the largest is charged.
+TOOL_SYSTEM_PROMPT_TOKENS = 530
+# Images: Anthropic bills width x height / 750 after fitting the long edge into 1568 px and the
+# area into 1.15 megapixels (vision docs); about 1,600 tokens at most.
+ANTHROPIC_IMAGE_LONG_EDGE = 1568
+ANTHROPIC_IMAGE_PIXELS = 1_150_000
+ANTHROPIC_IMAGE_BOUND = 1600
+# PDFs: each page is billed as its text plus an image of it (PDF docs: 1,500 to 3,000 tokens a
+# page); the text is already counted by the bytes, the image here. Up to 100 pages a request.
+PDF_PAGE_IMAGE_TOKENS = ANTHROPIC_IMAGE_BOUND
+PDF_MAX_PAGES = 100
+_PDF_PAGE = re.compile(rb"/Type\s*/Page(?![A-Za-z])")
+
+
+def anthropic_extra_tokens(body: dict[str, Any]) -> int:
+    """What Anthropic bills for a translated ``body`` beyond OpenAI's rules: the tool-use
+    system prompt, images where its rule costs more, and an image per PDF page."""
+    extra = TOOL_SYSTEM_PROMPT_TOKENS if body.get("tools") else 0
+    for message in body["messages"]:
+        content = message.get("content")
+        for part in content if isinstance(content, list) else ():
+            if part.get("type") == "image_url":
+                url = part["image_url"]["url"]
+                extra += max(0, _anthropic_image(url) - url_image_tokens(url, None))
+            elif part.get("type") == "file":
+                extra += _pdf_pages(part["file"]["file_data"]) * PDF_PAGE_IMAGE_TOKENS
+    return extra
+
+
+def _anthropic_image(url: str) -> int:
+    data = base64_bytes(url.partition(",")[2], 64 * 1024) if url.startswith("data:") else b""
+    size = image_size(data) if data else None
+    if size is None:
+        return ANTHROPIC_IMAGE_BOUND
+    width, height = float(size[0]), float(size[1])
+    scale = min(1.0, ANTHROPIC_IMAGE_LONG_EDGE / max(width, height))
+    scale = min(scale, math.sqrt(ANTHROPIC_IMAGE_PIXELS / (width * height)))
+    return min(ANTHROPIC_IMAGE_BOUND, math.ceil(width * height * scale * scale / 750))
+
+
+def _pdf_pages(data_url: str) -> int:
+    """Pages of a base64 PDF, counted from its page objects; the most a request may hold
+    when they cannot all be seen (compressed object streams, escaped names)."""
+    data = base64_bytes(data_url.partition(",")[2])
+    if b"/ObjStm" in data or b"#" in data:
+        return PDF_MAX_PAGES
+    return min(PDF_MAX_PAGES, max(1, len(_PDF_PAGE.findall(data))))
+
+
+def count_tokens_reply(request: ChatRequest) -> dict[str, int]:
+    """The body of a count_tokens answer for a parsed (``counting=True``) request."""
+    return {"input_tokens": request.input_tokens}

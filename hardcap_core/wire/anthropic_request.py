@@ -1,0 +1,438 @@
+"""Reading an Anthropic Messages body: validation, and its translation into OpenAI chat shape.
+
+The :class:`~hardcap_core.chat.ChatRequest` body is OpenAI chat-completions shaped (the
+lingua franca every provider reads), so a Messages request is translated here once, and the
+input estimate is :func:`hardcap_core.wire.openai_input.input_tokens` on the translated body:
+every field that reaches a provider counts. What Anthropic bills beyond that is added:
+its tool-use system prompt, images by its own rule where that costs more than OpenAI's, and
+PDFs by their pages (:func:`anthropic_extra_tokens`).
+
+Translation: ``system`` becomes a system message; ``tool_result`` blocks become ``tool``
+messages (with ``tool_call_id``), ahead of the rest of their user message as OpenAI requires;
+``tool_use`` blocks become an assistant's ``tool_calls``; images become ``image_url`` parts
+(``data:`` URLs); a base64 PDF becomes a ``file`` part; ``tools[].input_schema`` becomes the
+function's ``parameters``; ``tool_choice`` any/tool/none become required/a named function/none;
+``stop_sequences`` become ``stop``; ``metadata.user_id`` becomes ``user``. Kept for an
+Anthropic upstream to read back (an OpenAI-compatible one must drop them): the body's
+``thinking``, an assistant message's ``thinking_blocks`` (thinking and redacted thinking, with
+their signatures), ``cache_control`` on text parts and tools, and ``top_k``.
+
+Refused with a 400 naming the field, as Anthropic refuses extra inputs: any top-level field
+not listed in :data:`FIELDS` (``speed``, ``service_tier``, ``mcp_servers``, ``container``,
+...: each changes the price or bills work the gateway cannot count), server tools (web
+search, code execution: billed per use, not in tokens), and content a request does not carry
+itself (files by id, documents by URL), whose size is on the provider.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hardcap_core.chat import ChatRequest
+from hardcap_core.errors import InvalidRequest
+from hardcap_core.wire import json_body
+from hardcap_core.wire.anthropic_count import anthropic_extra_tokens
+from hardcap_core.wire.openai_input import input_tokens
+
+DIALECT = "anthropic_messages"
+FIELDS = frozenset(
+    {
+        "model", "max_tokens", "messages", "system", "tools", "tool_choice", "stop_sequences",
+        "temperature", "top_p", "top_k", "stream", "thinking", "metadata",
+    }
+)  # fmt: skip
+COUNT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking"})
+TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+MIN_THINKING_BUDGET = 1024  # Anthropic's floor for thinking.budget_tokens
+
+
+def parse_messages_request(raw: bytes, *, counting: bool = False) -> ChatRequest:
+    """Validate a Messages body (``counting``: a count_tokens body, which has no max_tokens
+    or stream) and translate it; raise :class:`InvalidRequest` naming the bad field."""
+    body = json_body.loads(raw)
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    allowed = COUNT_FIELDS if counting else FIELDS
+    for name in body:
+        if name not in allowed:
+            raise InvalidRequest(
+                f"'{name}': this field is not supported here (supported: "
+                f"{', '.join(sorted(allowed))}).",
+                param=name,
+            )
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a non-empty string.", param="model")
+    max_tokens = None if counting else _max_tokens(body.get("max_tokens"))
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidRequest("'stream' must be a boolean.", param="stream")
+
+    out: dict[str, Any] = {"model": model, "messages": _system(body.get("system"))}
+    out["messages"] += _messages(body.get("messages"))
+    if max_tokens is not None:
+        out["max_tokens"] = max_tokens
+    if stream:
+        out["stream"] = True
+        out["stream_options"] = {"include_usage": True}
+    for name in ("temperature", "top_p"):
+        if body.get(name) is not None:
+            out[name] = _number(body[name], name)
+    if body.get("top_k") is not None:
+        out["top_k"] = _int(body["top_k"], "top_k", least=0)
+    if body.get("stop_sequences") is not None:
+        out["stop"] = _strings(body["stop_sequences"], "stop_sequences")
+    tools = body.get("tools")
+    if tools is not None:
+        tools = _tools(tools)
+    if tools:  # OpenAI refuses an empty array
+        out["tools"] = tools
+    if body.get("tool_choice") is not None:
+        out.update(_tool_choice(body["tool_choice"], bool(tools)))
+    if body.get("thinking") is not None:
+        out["thinking"] = _thinking(body["thinking"], max_tokens)
+    user = _metadata(body.get("metadata"))
+    if user is not None:
+        out["user"] = user
+
+    return ChatRequest(
+        body=out,
+        model=model,
+        stream=bool(stream),
+        include_usage=bool(stream),
+        max_tokens=max_tokens,
+        max_tokens_field="max_tokens",
+        input_tokens=input_tokens(out) + anthropic_extra_tokens(out),
+        dialect=DIALECT,
+    )
+
+
+# -- top-level fields -----------------------------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(value: Any, where: str, *, least: int) -> int:
+    if not _is_int(value):
+        raise InvalidRequest(f"'{where}' must be an integer.", param=where)
+    if value < least:
+        raise InvalidRequest(f"'{where}' must be at least {least}, got {value}.", param=where)
+    result: int = value
+    return result
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequest(f"'{where}' must be a number.", param=where)
+    return float(value)
+
+
+def _max_tokens(value: Any) -> int:
+    if value is None:
+        raise InvalidRequest(
+            "'max_tokens' is required: the most output tokens the reply may have.",
+            param="max_tokens",
+        )
+    return _int(value, "max_tokens", least=1)
+
+
+def _strings(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise InvalidRequest(f"'{where}' must be an array of strings.", param=where)
+    return value
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"'{where}' must be an object.", param=where)
+    return value
+
+
+def _thinking(value: Any, max_tokens: int | None) -> dict[str, Any]:
+    thinking = _object(value, "thinking")
+    kind = thinking.get("type")
+    if not isinstance(kind, str):
+        raise InvalidRequest("'thinking.type' must be a string.", param="thinking.type")
+    if kind == "enabled":
+        budget = _int(thinking.get("budget_tokens"), "thinking.budget_tokens", least=1)
+        if budget < MIN_THINKING_BUDGET:
+            raise InvalidRequest(
+                f"'thinking.budget_tokens' must be at least {MIN_THINKING_BUDGET}.",
+                param="thinking.budget_tokens",
+            )
+        if max_tokens is not None and budget >= max_tokens:
+            raise InvalidRequest(
+                "'max_tokens' must be greater than 'thinking.budget_tokens'.",
+                param="max_tokens",
+            )
+    return thinking
+
+
+def _metadata(value: Any) -> str | None:
+    if value is None:
+        return None
+    metadata = _object(value, "metadata")
+    for name in metadata:
+        if name != "user_id":
+            raise InvalidRequest(f"'metadata.{name}' is not supported.", param=f"metadata.{name}")
+    user = metadata.get("user_id")
+    if user is not None and not isinstance(user, str):
+        raise InvalidRequest("'metadata.user_id' must be a string.", param="metadata.user_id")
+    return user or None
+
+
+def _tools(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise InvalidRequest("'tools' must be an array.", param="tools")
+    out = []
+    for i, item in enumerate(value):
+        where = f"tools[{i}]"
+        tool = _object(item, where)
+        if tool.get("type", "custom") not in ("custom", None):
+            raise InvalidRequest(
+                f"'{where}.type': server tools ({tool['type']!r}) are billed per use, which "
+                "this gateway cannot hold in a budget; define the tool yourself.",
+                param=f"{where}.type",
+            )
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(f"'{where}.name' must be a non-empty string.", param=where)
+        schema = _object(tool.get("input_schema"), f"{where}.input_schema")
+        function: dict[str, Any] = {"name": name, "parameters": schema}
+        if tool.get("description") is not None:
+            function["description"] = tool["description"]
+        entry: dict[str, Any] = {"type": "function", "function": function}
+        for name, field in tool.items():
+            if name not in ("type", "name", "description", "input_schema"):
+                entry[name] = field  # cache_control, and anything else, counted as sent
+        out.append(entry)
+    return out
+
+
+def _tool_choice(value: Any, has_tools: bool) -> dict[str, Any]:
+    choice = _object(value, "tool_choice")
+    kind = choice.get("type")
+    out: dict[str, Any] = {}
+    if kind == "tool":
+        name = choice.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(
+                "'tool_choice.name' is required when its type is 'tool'.", param="tool_choice.name"
+            )
+        out["tool_choice"] = {"type": "function", "function": {"name": name}}
+    elif kind in TOOL_CHOICES:
+        out["tool_choice"] = TOOL_CHOICES[kind]
+    else:
+        raise InvalidRequest(
+            "'tool_choice.type' must be one of auto, any, tool, none.", param="tool_choice.type"
+        )
+    parallel = choice.get("disable_parallel_tool_use")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise InvalidRequest(
+            "'tool_choice.disable_parallel_tool_use' must be a boolean.",
+            param="tool_choice.disable_parallel_tool_use",
+        )
+    if parallel and has_tools:  # OpenAI refuses parallel_tool_calls without tools
+        out["parallel_tool_calls"] = False
+    return out
+
+
+# -- messages -------------------------------------------------------------------------------------
+
+
+def _system(value: Any) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [{"role": "system", "content": value}]
+    if not isinstance(value, list):
+        raise InvalidRequest(
+            "'system' must be a string or an array of text blocks.", param="system"
+        )
+    parts = []
+    for i, block in enumerate(value):
+        where = f"system[{i}]"
+        if not isinstance(block, dict) or block.get("type") != "text":
+            raise InvalidRequest(f"'{where}' must be a text block.", param=where)
+        parts.append(_text(block, where))
+    return [{"role": "system", "content": parts}]
+
+
+def _messages(value: Any) -> list[dict[str, Any]]:
+    if value is None:
+        raise InvalidRequest("'messages' is required.", param="messages")
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest("'messages' must be a non-empty array.", param="messages")
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(value):
+        where = f"messages[{i}]"
+        message = _object(item, where)
+        role, content = message.get("role"), message.get("content")
+        if role not in ("user", "assistant"):
+            raise InvalidRequest(
+                f"'{where}.role' must be user or assistant.", param=f"{where}.role"
+            )
+        if isinstance(content, str):
+            out.append({"role": role, "content": content})
+            continue
+        if not isinstance(content, list):
+            raise InvalidRequest(
+                f"'{where}.content' must be a string or an array of content blocks.",
+                param=f"{where}.content",
+            )
+        blocks = [_object(b, f"{where}.content[{j}]") for j, b in enumerate(content)]
+        if role == "user":
+            out += _user(blocks, f"{where}.content")
+        else:
+            out.append(_assistant(blocks, f"{where}.content"))
+    return out
+
+
+def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    """Tool results as tool messages first (OpenAI wants them right after the assistant's
+    calls), then the rest, with images the tool results carried, as one user message."""
+    tools: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+    for j, block in enumerate(blocks):
+        at = f"{where}[{j}]"
+        if block.get("type") == "tool_result":
+            message, images = _tool_result(block, at)
+            tools.append(message)
+            parts += images
+        else:
+            parts += _part(block, at)
+    return tools + ([{"role": "user", "content": parts}] if parts or not tools else [])
+
+
+def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    thinking: list[dict[str, Any]] = []
+    for j, block in enumerate(blocks):
+        at = f"{where}[{j}]"
+        kind = block.get("type")
+        if kind == "text":
+            parts.append(_text(block, at))
+        elif kind == "tool_use":
+            name, tool_id = block.get("name"), block.get("id")
+            if not isinstance(name, str) or not isinstance(tool_id, str):
+                raise InvalidRequest(f"'{at}' needs an 'id' and a 'name'.", param=at)
+            arguments = json.dumps(_object(block.get("input"), f"{at}.input"))
+            call = {"name": name, "arguments": arguments}
+            calls.append({"id": tool_id, "type": "function", "function": call})
+        elif kind in ("thinking", "redacted_thinking"):
+            thinking.append(block)
+        else:
+            raise InvalidRequest(
+                f"'{at}.type' {kind!r} cannot be in an assistant message here (text, tool_use, "
+                "thinking, redacted_thinking).",
+                param=f"{at}.type",
+            )
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    if parts:
+        plain = all(set(p) == {"type", "text"} for p in parts)
+        message["content"] = "".join(p["text"] for p in parts) if plain else parts
+    if calls:
+        message["tool_calls"] = calls
+    if thinking:
+        message["thinking_blocks"] = thinking
+    return message
+
+
+def _tool_result(block: dict[str, Any], where: str) -> tuple[dict[str, Any], list[Any]]:
+    tool_id = block.get("tool_use_id")
+    if not isinstance(tool_id, str) or not tool_id:
+        raise InvalidRequest(f"'{where}.tool_use_id' is required.", param=f"{where}.tool_use_id")
+    content = block.get("content")
+    texts: list[str] = []
+    images: list[dict[str, Any]] = []
+    if isinstance(content, str):
+        texts.append(content)
+    elif isinstance(content, list):
+        for k, item in enumerate(content):
+            for part in _part(_object(item, f"{where}.content[{k}]"), f"{where}.content[{k}]"):
+                if part["type"] == "text":
+                    texts.append(part["text"])
+                else:
+                    images.append(part)  # a tool message holds text only in OpenAI chat
+    elif content is not None:
+        raise InvalidRequest(
+            f"'{where}.content' must be a string or blocks.", param=f"{where}.content"
+        )
+    if block.get("is_error"):
+        texts.insert(0, "Error:")
+    return {"role": "tool", "tool_call_id": tool_id, "content": "\n".join(texts)}, images
+
+
+def _text(block: dict[str, Any], where: str) -> dict[str, Any]:
+    if not isinstance(block.get("text"), str):
+        raise InvalidRequest(f"'{where}.text' must be a string.", param=f"{where}.text")
+    part: dict[str, Any] = {"type": "text", "text": block["text"]}
+    if block.get("cache_control") is not None:
+        part["cache_control"] = block["cache_control"]
+    return part
+
+
+def _part(block: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """The OpenAI parts of one user content block."""
+    kind = block.get("type")
+    if kind == "text":
+        return [_text(block, where)]
+    if kind == "image":
+        source = _object(block.get("source"), f"{where}.source")
+        return [{"type": "image_url", "image_url": {"url": _image_url(source, where)}}]
+    if kind == "document":
+        return _document(block, where)
+    raise InvalidRequest(
+        f"'{where}.type' {kind!r} cannot be in a user message here (text, image, document, "
+        "tool_result).",
+        param=f"{where}.type",
+    )
+
+
+def _image_url(source: dict[str, Any], where: str) -> str:
+    kind = source.get("type")
+    if kind == "base64":
+        media, data = source.get("media_type"), source.get("data")
+        if not isinstance(media, str) or not isinstance(data, str):
+            raise InvalidRequest(f"'{where}.source' needs media_type and data.", param=where)
+        return f"data:{media};base64,{data}"
+    if kind == "url" and isinstance(source.get("url"), str):
+        url: str = source["url"]
+        return url
+    raise InvalidRequest(
+        f"'{where}.source.type' must be base64 or url: a file sent by id cannot be counted "
+        "before the call, so the budget cannot hold it.",
+        param=f"{where}.source.type",
+    )
+
+
+def _document(block: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    source = _object(block.get("source"), f"{where}.source")
+    kind = source.get("type")
+    # A title and context are shown to the model with the document: they count as text.
+    parts = [
+        {"type": "text", "text": block[name]}
+        for name in ("title", "context")
+        if isinstance(block.get(name), str)
+    ]
+    if kind == "base64" and isinstance(source.get("data"), str):
+        media = source.get("media_type") or "application/pdf"
+        url = f"data:{media};base64,{source['data']}"
+        file = {"filename": block.get("title") or "document.pdf", "file_data": url}
+        return [*parts, {"type": "file", "file": file}]
+    if kind == "text" and isinstance(source.get("data"), str):
+        return [*parts, {"type": "text", "text": source["data"]}]
+    if kind == "content" and isinstance(source.get("content"), list):
+        inner = source["content"]
+        for k, item in enumerate(inner):
+            parts += _part(_object(item, f"{where}.source.content[{k}]"), where)
+        return parts
+    raise InvalidRequest(
+        f"'{where}.source' must be base64, text or content: a document sent by URL or file id "
+        "cannot be counted before the call, so the budget cannot hold it.",
+        param=f"{where}.source",
+    )
