@@ -26,9 +26,8 @@ from hardcap_core.wire.media import base64_bytes, image_size, url_image_tokens
 # tool_choice (tool-use docs, "Pricing"); the largest is charged.
 TOOL_SYSTEM_PROMPT_TOKENS = 530
 # Images: Anthropic bills width x height / 750 after fitting the long edge into 1568 px and the
-# area into 1.15 megapixels (vision docs); about 1,600 tokens at most.
+# area into about 1.15 megapixels (vision docs); about 1,600 tokens at most.
 ANTHROPIC_IMAGE_LONG_EDGE = 1568
-ANTHROPIC_IMAGE_PIXELS = 1_150_000
 ANTHROPIC_IMAGE_BOUND = 1600
 # PDFs: each page is billed as its text plus an image of it (PDF docs: 1,500 to 3,000 tokens a
 # page); the text is already counted by the bytes, the image here. Up to 100 pages a request.
@@ -59,7 +58,8 @@ def _anthropic_image(url: str) -> int:
         return ANTHROPIC_IMAGE_BOUND
     width, height = float(size[0]), float(size[1])
     scale = min(1.0, ANTHROPIC_IMAGE_LONG_EDGE / max(width, height))
-    scale = min(scale, math.sqrt(ANTHROPIC_IMAGE_PIXELS / (width * height)))
+    # Larger images are scaled down to about the bound's area (its docs list 1092 x 1092 at
+    # 1,590 tokens), so the bound caps what the long edge alone would give.
     return min(ANTHROPIC_IMAGE_BOUND, math.ceil(width * height * scale * scale / 750))
 
 

@@ -1,0 +1,304 @@
+"""Reading an Anthropic Messages body: 400s that name the field, the translation into a body
+the OpenAI chat parser accepts, and an input estimate that counts what Anthropic bills."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import zlib
+from typing import Any
+
+import pytest
+
+from hardcap_core.errors import InvalidRequest
+from hardcap_core.wire.anthropic_count import (
+    ANTHROPIC_IMAGE_BOUND,
+    PDF_MAX_PAGES,
+    PDF_PAGE_IMAGE_TOKENS,
+    TOOL_SYSTEM_PROMPT_TOKENS,
+    count_tokens_reply,
+)
+from hardcap_core.wire.anthropic_request import parse_messages_request
+from hardcap_core.wire.openai_input import input_tokens
+from hardcap_core.wire.openai_request import parse_chat_request
+
+HI = [{"role": "user", "content": "hello"}]
+
+
+def parse(**body: Any) -> Any:
+    return parse_messages_request(json.dumps({"model": "small", **body}).encode())
+
+
+def refused(body: dict[str, Any], *, counting: bool = False) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as e:
+        parse_messages_request(json.dumps(body).encode(), counting=counting)
+    return e.value
+
+
+def png(width: int, height: int) -> str:
+    header = b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR" + struct.pack(">II", width, height)
+    return base64.b64encode(header + b"\x08\x02\x00\x00\x00").decode()
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "small", "messages": HI}, "max_tokens"),
+        ({"model": "small", "max_tokens": 0, "messages": HI}, "max_tokens"),
+        ({"model": "small", "max_tokens": "5", "messages": HI}, "max_tokens"),
+        ({"max_tokens": 5, "messages": HI}, "model"),
+        ({"model": "small", "max_tokens": 5}, "messages"),
+        ({"model": "small", "max_tokens": 5, "messages": []}, "messages"),
+        ({"model": "small", "max_tokens": 5, "messages": HI, "speed": "fast"}, "speed"),
+        ({"model": "small", "max_tokens": 5, "messages": HI, "stream": "yes"}, "stream"),
+        (
+            {"model": "small", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
+            "messages[0].role",
+        ),
+        (
+            {"model": "small", "max_tokens": 5, "messages": HI, "tools": [{"type": "web_search"}]},
+            "tools[0].type",
+        ),
+        (
+            {"model": "small", "max_tokens": 5, "messages": HI, "tools": [{"name": "f"}]},
+            "tools[0].input_schema",
+        ),
+        (
+            {"model": "small", "max_tokens": 5, "messages": HI, "tool_choice": {"type": "x"}},
+            "tool_choice.type",
+        ),
+        (
+            {"model": "small", "max_tokens": 5, "messages": HI, "tool_choice": {"type": "tool"}},
+            "tool_choice.name",
+        ),
+        (
+            {
+                "model": "small",
+                "max_tokens": 2000,
+                "messages": HI,
+                "thinking": {"type": "enabled", "budget_tokens": 100},
+            },
+            "thinking.budget_tokens",
+        ),
+        (
+            {
+                "model": "small",
+                "max_tokens": 1024,
+                "messages": HI,
+                "thinking": {"type": "enabled", "budget_tokens": 1024},
+            },
+            "max_tokens",
+        ),
+        ({"model": "small", "max_tokens": 5, "messages": HI, "metadata": {"x": 1}}, "metadata.x"),
+        (
+            {
+                "model": "small",
+                "max_tokens": 5,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image", "source": {"type": "file", "file_id": "f_1"}}
+                        ],
+                    }
+                ],
+            },
+            "messages[0].content[0].source.type",
+        ),
+        (
+            {
+                "model": "small",
+                "max_tokens": 5,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "document", "source": {"type": "url", "url": "https://x"}}
+                        ],
+                    }
+                ],
+            },
+            "messages[0].content[0].source",
+        ),
+        (
+            {
+                "model": "small",
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t"}]}],
+            },
+            "messages[0].content[0].type",
+        ),
+    ],
+)
+def test_bad_bodies_name_the_field(body: dict[str, Any], param: str) -> None:
+    assert refused(body).param == param
+
+
+def test_missing_max_tokens_says_it_is_required() -> None:
+    error = refused({"model": "small", "messages": HI})
+    assert error.message.startswith("'max_tokens' is required")
+
+
+def test_count_tokens_bodies_have_no_max_tokens_or_stream() -> None:
+    counted = parse_messages_request(
+        json.dumps({"model": "small", "messages": HI}).encode(), counting=True
+    )
+    assert count_tokens_reply(counted) == {"input_tokens": counted.input_tokens}
+    assert counted.max_tokens is None
+    body = {"model": "small", "messages": HI, "max_tokens": 5}
+    assert refused(body, counting=True).param == "max_tokens"
+
+
+def test_a_full_conversation_translates_to_openai_chat() -> None:
+    image = {"type": "base64", "media_type": "image/png", "data": png(100, 100)}
+    request = parse(
+        max_tokens=3000,
+        stream=True,
+        system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+        messages=[
+            {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "call it", "signature": "sig"},
+                    {"type": "text", "text": "Checking."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "w", "input": {"c": "P"}},
+                    {"type": "tool_use", "id": "toolu_2", "name": "w", "input": {"c": "L"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny"},
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "toolu_2",
+                        "is_error": True,
+                        "content": [
+                            {"type": "text", "text": "no data"},
+                            {"type": "image", "source": image},
+                        ],
+                    },
+                    {"type": "text", "text": "Thanks"},
+                ],
+            },
+        ],
+        tools=[{"name": "w", "input_schema": {"type": "object"}, "description": "weather"}],
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        stop_sequences=["END"],
+        temperature=0.5,
+        top_k=5,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        metadata={"user_id": "u-1"},
+    )
+    body = request.body
+    assert request.dialect == "anthropic_messages" and request.stream and request.include_usage
+    assert request.max_tokens == 3000 and request.max_tokens_field == "max_tokens"
+    assert body["stream_options"] == {"include_usage": True}
+    messages = body["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "tool", "user"]
+    assert messages[0]["content"][0]["cache_control"] == {"type": "ephemeral"}
+    assistant = messages[2]
+    assert assistant["content"] == "Checking."
+    assert assistant["tool_calls"][1] == {
+        "id": "toolu_2",
+        "type": "function",
+        "function": {"name": "w", "arguments": '{"c": "L"}'},
+    }
+    assert assistant["thinking_blocks"] == [
+        {"type": "thinking", "thinking": "call it", "signature": "sig"}
+    ]
+    assert messages[3] == {"role": "tool", "tool_call_id": "toolu_1", "content": "Sunny"}
+    assert messages[4]["tool_call_id"] == "toolu_2"
+    assert messages[4]["content"] == "Error:\nno data"
+    # The tool result's image follows the tool messages, with the user's text.
+    last = messages[5]["content"]
+    assert last[0]["image_url"]["url"].startswith("data:image/png;base64,")
+    assert last[1] == {"type": "text", "text": "Thanks"}
+    assert body["tools"] == [
+        {
+            "type": "function",
+            "function": {"name": "w", "parameters": {"type": "object"}, "description": "weather"},
+        }
+    ]
+    assert body["tool_choice"] == "required" and body["parallel_tool_calls"] is False
+    assert body["stop"] == ["END"] and body["user"] == "u-1" and body["top_k"] == 5
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+    # What an OpenAI-compatible provider is sent is a body the OpenAI chat parser accepts.
+    assert parse_chat_request(json.dumps(body).encode()).messages == messages
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [
+        ({"type": "auto"}, "auto"),
+        ({"type": "none"}, "none"),
+        ({"type": "tool", "name": "w"}, {"type": "function", "function": {"name": "w"}}),
+    ],
+)
+def test_tool_choices(choice: dict[str, Any], expected: Any) -> None:
+    tools = [{"name": "w", "input_schema": {"type": "object"}}]
+    body = parse(max_tokens=5, messages=HI, tools=tools, tool_choice=choice).body
+    assert body["tool_choice"] == expected and "parallel_tool_calls" not in body
+
+
+def test_the_estimate_is_the_openai_estimate_of_the_translation_plus_anthropics_extras() -> None:
+    plain = parse(max_tokens=5, messages=HI)
+    assert plain.input_tokens == input_tokens(plain.body)
+    tools = [{"name": "w", "input_schema": {"type": "object", "properties": {}}}]
+    with_tools = parse(max_tokens=5, messages=HI, tools=tools)
+    assert with_tools.input_tokens == input_tokens(with_tools.body) + TOOL_SYSTEM_PROMPT_TOKENS
+
+
+def test_images_count_by_anthropics_rule_when_it_costs_more() -> None:
+    def image(source: dict[str, Any]) -> Any:
+        content = [{"type": "image", "source": source}]
+        return parse(max_tokens=5, messages=[{"role": "user", "content": content}])
+
+    remote = image({"type": "url", "url": "https://example.com/cat.png"})
+    assert remote.input_tokens - input_tokens(remote.body) == ANTHROPIC_IMAGE_BOUND - 1445
+    # 1092 x 1092: OpenAI's rule says 765 tokens, Anthropic's 1590.
+    square = image({"type": "base64", "media_type": "image/png", "data": png(1092, 1092)})
+    assert square.input_tokens - input_tokens(square.body) == 1590 - 765
+    # 200 x 200: 53 tokens at Anthropic, fewer than OpenAI's 255: nothing added.
+    small = image({"type": "base64", "media_type": "image/png", "data": png(200, 200)})
+    assert small.input_tokens == input_tokens(small.body)
+
+
+def pdf(pages: int, *, compressed: bool = False) -> str:
+    body = b"%PDF-1.4\n" + b"".join(
+        b"%d 0 obj << /Type /Page /Parent 1 0 R >> endobj\n" % (i + 2) for i in range(pages)
+    )
+    if compressed:
+        body = b"%PDF-1.5\n1 0 obj << /Type /ObjStm >> stream\n" + zlib.compress(body)
+    return base64.b64encode(body + b"1 0 obj << /Type /Pages >> endobj\n%%EOF").decode()
+
+
+@pytest.mark.parametrize(("pages", "compressed", "counted"), [(3, False, 3), (2, True, 100)])
+def test_pdfs_count_an_image_per_page(pages: int, compressed: bool, counted: int) -> None:
+    source = {
+        "type": "base64",
+        "media_type": "application/pdf",
+        "data": pdf(pages, compressed=compressed),
+    }
+    document = [{"type": "document", "source": source, "title": "report.pdf"}]
+    request = parse(max_tokens=5, messages=[{"role": "user", "content": document}])
+    part = request.body["messages"][0]["content"][-1]
+    assert part["type"] == "file" and part["file"]["filename"] == "report.pdf"
+    assert counted <= PDF_MAX_PAGES
+    assert request.input_tokens - input_tokens(request.body) == counted * PDF_PAGE_IMAGE_TOKENS
+
+
+def test_text_and_content_documents_become_text_parts() -> None:
+    docs = [
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "A"}},
+        {
+            "type": "document",
+            "source": {"type": "content", "content": [{"type": "text", "text": "B"}]},
+            "context": "C",
+        },
+    ]
+    body = parse(max_tokens=5, messages=[{"role": "user", "content": docs}]).body
+    texts = [p["text"] for p in body["messages"][0]["content"]]
+    assert texts == ["A", "C", "B"]
