@@ -25,6 +25,14 @@ def providers_for(config: Config, http: httpx.AsyncClient) -> Mapping[str, Provi
     out: dict[str, Provider] = {}
     if "openai" in kinds:
         out["openai"] = OpenAICompatible(http, chars_per_token=cpt)
+    if "anthropic" in kinds:
+        from hardcap_core.providers.anthropic import AnthropicMessages
+
+        out["anthropic"] = AnthropicMessages(http, chars_per_token=cpt)
+    if "bedrock" in kinds:
+        from hardcap_core.providers.bedrock import BedrockConverse
+
+        out["bedrock"] = BedrockConverse(chars_per_token=cpt)
     missing = kinds - out.keys()
     if missing:
         raise ConfigError(f"no provider for upstream kind(s) {sorted(missing)} yet")
