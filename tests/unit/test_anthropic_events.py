@@ -53,8 +53,9 @@ def test_redacted_thinking_and_unknown_blocks_and_events_count_by_length() -> No
     block = {"type": "redacted_thinking", "data": "Z" * 80}
     redacted = feed(d, {"type": "content_block_start", "index": 0, "content_block": block})
     assert redacted.tokens == 20 and redacted.output[0].kind is OutputKind.REASONING
-    block: Any = {"type": "server_tool_use", "id": "s", "name": "web_search", "input": {"q": "x"}}
-    server = feed(d, {"type": "content_block_start", "index": 1, "content_block": block})
+    server_block: Any = {"type": "server_tool_use", "id": "s", "name": "web_search"}
+    server_block["input"] = {"q": "x"}
+    server = feed(d, {"type": "content_block_start", "index": 1, "content_block": server_block})
     assert server.tokens >= 2
     novel = feed(d, {"type": "brand_new_event", "payload": "y" * 30})
     assert novel.tokens > 0
