@@ -97,16 +97,18 @@ class BedrockConverse:
     ) -> None:
         self.chars_per_token = chars_per_token
         self._factory = client_factory or make_client
-        self._clients: dict[str, Any] = {}
+        self._clients: dict[tuple[Any, ...], Any] = {}
         self._lock = threading.Lock()  # creating a client is not thread-safe
         self._executor = ThreadPoolExecutor(MAX_CALLS, thread_name_prefix="bedrock")
 
     def client(self, upstream: Upstream) -> Any:
         """The upstream's client, created on first use (in a worker thread: it takes a while)."""
+        # Everything the client is built from: two configs may share an upstream's name.
+        key = (upstream.name, upstream.base_url, upstream.region, upstream.timeout_seconds)
         with self._lock:
-            found = self._clients.get(upstream.name)
+            found = self._clients.get(key)
             if found is None:
-                found = self._clients[upstream.name] = self._factory(upstream)
+                found = self._clients[key] = self._factory(upstream)
             return found
 
     async def complete(self, route: Route, request: ChatRequest, max_tokens: int) -> Completion:
