@@ -26,6 +26,9 @@ from hardcap_core.wire.base import Charged
 from hardcap_core.wire.openai_chat import ChunkEncoder, OpenAIChat
 from hardcap_core.wire.openai_request import parse_chat_request
 
+ANY_ID = "call_<fresh>"
+FIRST = {"id": ANY_ID, "type": "function"}  # what a call's first chunk adds
+
 PUBLIC = "small"  # the route name the client asked for
 UPSTREAM = "vendor-model-2025-01-01"  # what the provider calls it
 NOTHING = Charged(0, 0, None)
@@ -236,7 +239,7 @@ def out(kind: OutputKind, text: str, call: int | None = None) -> Output:
         ),
         (
             [out(OutputKind.TOOL_NAME, "f", 0), out(OutputKind.TOOL_ARGUMENTS, '{"a"', 0)],
-            {"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": '{"a"'}}]},
+            {"tool_calls": [{"index": 0, **FIRST, "function": {"name": "f", "arguments": '{"a"'}}]},
         ),
         (
             [
@@ -246,14 +249,18 @@ def out(kind: OutputKind, text: str, call: int | None = None) -> Output:
             ],
             {
                 "tool_calls": [
-                    {"index": 0, "function": {"arguments": "{}"}},
-                    {"index": 2, "function": {"name": "g"}},
+                    {"index": 0, **FIRST, "function": {"arguments": "{}"}},
+                    {"index": 2, **FIRST, "function": {"name": "g", "arguments": ""}},
                 ]
             },
         ),
         (
             [out(OutputKind.TOOL_NAME, "legacy", None)],
-            {"tool_calls": [{"index": 0, "function": {"name": "legacy"}}]},
+            {
+                "tool_calls": [
+                    {"index": 0, **FIRST, "function": {"name": "legacy", "arguments": ""}}
+                ]
+            },
         ),
     ],
 )
@@ -262,6 +269,10 @@ def test_a_built_chunk_puts_each_kind_in_its_delta_field(
 ) -> None:
     event = Event(raw={"type": "content_block_delta"}, output=outputs, tokens=len(outputs))
     sent = one(built().event(event))
+    # A call's first chunk carries a fresh id (the client needs it to send the tool result).
+    for call in sent["choices"][0]["delta"].get("tool_calls", []):
+        assert call.pop("id").startswith("call_") and call["type"] == "function"
+        call["id"] = ANY_ID
     assert sent["choices"] == [{"index": 0, "delta": delta, "finish_reason": None}]
     assert (sent["model"], sent["object"]) == (PUBLIC, "chat.completion.chunk")
     valid_chunk(sent)
