@@ -274,6 +274,9 @@ def test_errors_in_anthropics_shape(mock: Mock, flushed: LocalValkey) -> None:
         wrong_method = httpx.get(f"{base}/messages", headers={"x-api-key": KEYS["alpha"]})
         assert wrong_method.status_code == 405
         assert wrong_method.json()["type"] == "error"
+        no_route = httpx.post(f"{base}/messages/batches", headers={"x-api-key": KEYS["alpha"]})
+        assert no_route.status_code == 404
+        assert no_route.json()["error"]["type"] == "not_found_error"
         bad = httpx.post(
             f"{base}/messages",
             headers={"x-api-key": KEYS["alpha"]},
@@ -298,3 +301,178 @@ def test_error_mid_stream_is_an_anthropic_error_event(mock: Mock, flushed: Local
         body: Any = failed.value.body
         assert body["type"] == "error" and body["error"]["type"] == "api_error"
         assert used(base)["reserved"] == 0
+
+
+# -- in front of an Anthropic upstream (the mock's Anthropic mode) ---------------------------------
+
+KEY_ENV = "HARDCAP_TEST_ANTHROPIC_KEY"
+
+
+def claude(mock: Mock, valkey: LocalValkey, **overrides: Any) -> Any:
+    """A gateway whose routes `claude` and `claude-small` go to the mock's Anthropic mode."""
+    data = config_data(mock.url, valkey.url, **overrides)
+    data["upstreams"].append(
+        {
+            "name": "anthropic-mock",
+            "kind": "anthropic",
+            "base_url": f"{mock.url}/v1",
+            "api_key_env": KEY_ENV,
+            "timeout_seconds": 5,
+        }
+    )
+    price = {"input_per_million": 3.0, "output_per_million": 15.0}
+    for name, model in (("claude", "mock-reason"), ("claude-small", "mock-small")):
+        data["routes"].append(
+            {
+                "name": name,
+                "upstream": "anthropic-mock",
+                "model": model,
+                "price": price,
+                "max_output_tokens": 4096,
+            }
+        )
+    return gateway_thread(data)
+
+
+@pytest.fixture
+def anthropic_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KEY_ENV, "sk-ant-mock")
+
+
+@pytest.mark.usefixtures("anthropic_key")
+def test_anthropic_upstream_non_stream_usage_with_cache_reads(
+    mock: Mock, flushed: LocalValkey
+) -> None:
+    ask: Any = [{"role": "user", "content": "Hello [mock:tokens=12] [mock:cache_read=10]"}]
+    with claude(mock, flushed) as base:
+        raw = client(base).messages.with_raw_response.create(
+            model="claude-small", max_tokens=100, messages=ask, metadata=ALPHA
+        )
+        message = raw.parse()
+        assert message.model == "claude-small" and message.content[0].type == "text"
+        assert message.stop_reason == "end_turn"
+        truth = mock.truth("alpha")
+        usage = message.usage
+        assert usage.cache_read_input_tokens == 10
+        assert usage.input_tokens + 10 == truth["prompt_tokens"]
+        assert usage.output_tokens == truth["completion_tokens"] == 12
+        assert used(base)["used"] == truth["total_tokens"]
+        assert raw.headers["anthropic-ratelimit-tokens-remaining"]
+
+
+@pytest.mark.usefixtures("anthropic_key")
+def test_anthropic_upstream_thinking_end_to_end(mock: Mock, flushed: LocalValkey) -> None:
+    ask: Any = [{"role": "user", "content": "Think [mock:thinking=20] [mock:tokens=8]"}]
+    with claude(mock, flushed) as base:
+        with client(base).messages.stream(
+            model="claude",
+            max_tokens=2048,
+            messages=ask,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+            metadata=ALPHA,
+        ) as s:
+            final = s.get_final_message()
+        thinking = final.content[0]
+        assert thinking.type == "thinking" and thinking.thinking and thinking.signature
+        assert final.content[-1].type == "text" and final.model == "claude"
+        truth = mock.truth("alpha")
+        assert final.usage.output_tokens == truth["completion_tokens"]
+        assert final.usage.input_tokens == truth["prompt_tokens"]
+        assert used(base)["used"] == truth["total_tokens"]
+
+        # The thinking goes back with its signature in the next turn, as Anthropic requires.
+        follow: Any = [
+            *ask,
+            {"role": "assistant", "content": [b.model_dump() for b in final.content]},
+            {"role": "user", "content": "And then? [mock:tokens=3]"},
+        ]
+        again = client(base).messages.create(
+            model="claude",
+            max_tokens=2048,
+            messages=follow,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+            metadata=ALPHA,
+        )
+        assert again.content[-1].type == "text"
+
+
+@pytest.mark.usefixtures("anthropic_key")
+def test_anthropic_upstream_thinking_truncated_at_a_60_token_budget(
+    mock: Mock, flushed: LocalValkey
+) -> None:
+    budget = [{"dimension": "output_tokens", "limit": 60, "window": "day"}]
+    ask: Any = [{"role": "user", "content": "Think [mock:thinking=400] [mock:pace_ms=2]"}]
+    with claude(mock, flushed, **{"tenants.0.budgets": budget}) as base:
+        events = list(
+            client(base).messages.create(
+                model="claude", max_tokens=400, messages=ask, metadata=ALPHA, stream=True
+            )
+        )
+        kinds = [e.type for e in events]
+        assert kinds[-2:] == ["message_delta", "message_stop"]
+        assert kinds.count("content_block_start") == kinds.count("content_block_stop") >= 1
+        end = events[-2]
+        assert end.type == "message_delta" and end.delta.stop_reason == "max_tokens"
+        truth = mock.truth("alpha")
+        assert truth["aborted"] == 1 and truth["completion_tokens"] <= 60
+        row = used(base, "output_tokens")
+        assert row["reserved"] == 0 and truth["completion_tokens"] <= row["used"] <= 60
+        assert end.usage.output_tokens == row["used"]
+
+
+@pytest.mark.usefixtures("anthropic_key")
+def test_anthropic_upstream_tools_round_trip(mock: Mock, flushed: LocalValkey) -> None:
+    ask: Any = [{"role": "user", "content": "Weather in Paris? [mock:tool_use=1] [mock:tokens=12]"}]
+    with claude(mock, flushed) as base:
+        c = client(base)
+        with c.messages.stream(
+            model="claude-small", max_tokens=200, messages=ask, tools=WEATHER, metadata=ALPHA
+        ) as s:
+            first = s.get_final_message()
+        assert first.stop_reason == "tool_use"
+        call = next(b for b in first.content if b.type == "tool_use")
+        assert call.name == "get_weather" and call.input
+        follow: Any = [
+            *ask,
+            {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": call.id, "content": "Sunny"},
+                    {"type": "text", "text": "Thanks [mock:tokens=4]"},
+                ],
+            },
+        ]
+        second = c.messages.create(
+            model="claude-small", max_tokens=50, messages=follow, tools=WEATHER, metadata=ALPHA
+        )
+        assert second.content[0].type == "text"
+        truth = mock.truth("alpha")
+        assert used(base)["used"] == truth["total_tokens"]
+
+
+@pytest.mark.usefixtures("anthropic_key")
+def test_count_tokens_bounds_what_the_anthropic_upstream_bills(
+    mock: Mock, flushed: LocalValkey
+) -> None:
+    ask: Any = [{"role": "user", "content": "Weather in Paris, please? [mock:tokens=3]"}]
+    with claude(mock, flushed) as base:
+        c = client(base)
+        counted = c.messages.count_tokens(
+            model="claude-small", messages=ask, tools=WEATHER, system="Be brief."
+        )
+        assert mock.truth("alpha") == {}
+        message = c.messages.create(
+            model="claude-small",
+            max_tokens=20,
+            messages=ask,
+            tools=WEATHER,
+            system="Be brief.",
+            tool_choice={"type": "none"},
+            metadata=ALPHA,
+        )
+        assert (
+            counted.input_tokens
+            >= message.usage.input_tokens
+            == mock.truth("alpha")["prompt_tokens"]
+        )
