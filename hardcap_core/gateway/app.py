@@ -166,8 +166,8 @@ def create_app(
         """Anthropic's count_tokens: the gateway's own estimate, the input admission would
         reserve (see :mod:`hardcap_core.wire.anthropic_count`). Authenticated and held to the
         key's routes like a message; it calls no upstream, so it is not charged."""
-        counted = parse_messages_request(await gw._read_body(request), counting=True)
-        gw._route(counted.model, who)  # raises for a model that is unknown or not allowed
+        counted = parse_messages_request(await gw.read_body(request), counting=True)
+        gw.route_for(counted.model, who)  # raises for a model that is unknown or not allowed
         headers = await gw.headers_for(who, wire)
         return JSONResponse(count_tokens_reply(counted), headers=headers)
 

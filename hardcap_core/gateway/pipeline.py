@@ -19,7 +19,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hardcap_core.auth import bearer_token
-from hardcap_core.budgets import NANO_USD_PER_USD, Dimension, Prices
 from hardcap_core.chat import ChatRequest
 from hardcap_core.config import Config, Policy, Principal, Route
 from hardcap_core.errors import (
@@ -30,9 +29,9 @@ from hardcap_core.errors import (
     PayloadTooLarge,
     PermissionDenied,
     ServiceUnavailable,
-    TooManyRequests,
     UpstreamMalformed,
 )
+from hardcap_core.gateway.answers import output_room, refusal, upstream_states, usage_row
 from hardcap_core.gateway.failover import Targets
 from hardcap_core.gateway.meter import Meter, MeterSettings, SettleFallback
 from hardcap_core.gateway.relay import Relay
@@ -41,11 +40,9 @@ from hardcap_core.ledger import (
     Admitted,
     BudgetState,
     Ledger,
-    Refusal,
     Refused,
     ReservationMeta,
     Unguarded,
-    UsageRow,
 )
 from hardcap_core.ledger.breakers import Breakers
 from hardcap_core.ledger.estimators import (
@@ -57,8 +54,10 @@ from hardcap_core.ledger.estimators import (
 from hardcap_core.logs import logger
 from hardcap_core.outcome import Outcome
 from hardcap_core.providers.base import Provider
+from hardcap_core.wire.anthropic_count import anthropic_extra_tokens
 from hardcap_core.wire.base import Charged, WireFormat
 
+ANTHROPIC_DIALECT = "anthropic_messages"
 DEADLINE_MARGIN_S = 3.0  # end and settle a stream this long before Lambda's timeout
 T = TypeVar("T")
 
@@ -122,8 +121,8 @@ class Gateway:
     ) -> Response:
         """A chat completion in ``wire``'s format, streamed or not."""
         arrived = time.perf_counter()
-        chat = wire.parse(await self._read_body(request))
-        route = self._route(chat.model, principal)
+        chat = wire.parse(await self.read_body(request))
+        route = self.route_for(chat.model, principal)
         limit = route.max_output_tokens
         if chat.max_tokens is not None and chat.max_tokens > limit:
             raise InvalidRequest(
@@ -159,7 +158,7 @@ class Gateway:
 
     async def usage(self, principal: Principal, wire: WireFormat) -> Response:
         usage = await self._ledger_call(self.ledger.usage(principal.scope))
-        rows = [_usage_row(row) for row in usage.rows]
+        rows = [usage_row(row) for row in usage.rows]
         states = [BudgetState(r.budget, r.remaining, r.reset_ms) for r in usage.rows]
         return JSONResponse(
             {
@@ -169,7 +168,9 @@ class Gateway:
                 "org": principal.org_id,
                 "live_reservations": usage.live_reservations,
                 "budgets": rows,
-                "upstreams": await self._upstream_states(principal),
+                "upstreams": await self._ledger_call(
+                    upstream_states(self.config, self.breakers, principal)
+                ),
             },
             headers=wire.budget_headers(states, (), usage.server_time_ms),
         )
@@ -195,7 +196,8 @@ class Gateway:
 
     # -- steps ------------------------------------------------------------------------------------
 
-    async def _read_body(self, request: Request) -> bytes:
+    async def read_body(self, request: Request) -> bytes:
+        """The request's body, refused past ``gateway.max_body_bytes``."""
         cap = self.config.gateway.max_body_bytes
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > cap:
@@ -207,7 +209,8 @@ class Gateway:
                 raise PayloadTooLarge(f"The request body is larger than {cap} bytes.")
         return bytes(body)
 
-    def _route(self, model: str, principal: Principal) -> Route:
+    def route_for(self, model: str, principal: Principal) -> Route:
+        """The route ``model`` names, if this principal may use it (else 404 / 403)."""
         route = self.config.routes.get(model)
         if route is None:
             raise NotFound(f"The model '{model}' does not exist.", param="model")
@@ -227,6 +230,7 @@ class Gateway:
     ) -> Admission:
         policy = route.policy
         estimator = self.estimators[route.name]
+        input_tokens = self._input_bound(route, chat)
         if policy is Policy.COUNT_AFTER:
             estimate = 1  # the baseline: the budget sees nothing of the reply until it ends
         elif chat.stream:
@@ -239,7 +243,7 @@ class Gateway:
         result = await self._ledger_call(
             self.ledger.admit(
                 principal.scope,
-                input_tokens=chat.input_tokens,
+                input_tokens=input_tokens,
                 output_estimate=estimate,
                 min_output=least,
                 prices=self.config.hold_prices(route),
@@ -251,7 +255,7 @@ class Gateway:
             )
         )
         if isinstance(result, Refused):
-            raise _refusal(result, wire)
+            raise refusal(result, wire)
         reservation = None
         room = None
         unguarded_id = None
@@ -273,7 +277,7 @@ class Gateway:
             principal.scope,
             reservation,
             self.meter_settings.for_policy(policy),
-            input_estimate=chat.input_tokens,
+            input_estimate=input_tokens,
             estimator=estimator,
             route=route.name,
             prices=route.prices,
@@ -327,21 +331,16 @@ class Gateway:
             headers = {**headers, **wire.budget_headers(meter.final_budgets, (), _now_ms())}
         return Response(json.dumps(body), media_type="application/json", headers=headers)
 
-    async def _upstream_states(self, principal: Principal) -> list[dict[str, Any]]:
-        """The breaker of every upstream this key's routes (and their fallbacks) may use."""
-        upstreams = {
-            t.upstream.name: t.upstream
-            for name, route in self.config.routes.items()
-            if principal.allows(name)
-            for t in self.config.chain(route)
-        }
-        states = await self._ledger_call(
-            self.breakers.states((u.name, u.breaker) for u in upstreams.values())
-        )
-        return [
-            {"name": name, "state": st.state, "consecutive_failures": st.failures}
-            for name, st in sorted(states.items())
-        ]
+    def _input_bound(self, route: Route, chat: ChatRequest) -> int:
+        """The request's input as the dearest-counting target of its chain bills it: an
+        Anthropic model (directly or on Bedrock) bills a tool-use system prompt and images by
+        its own rule beyond what the OpenAI count of the body holds. (A request that came in
+        Anthropic's format was counted that way already.)"""
+        if chat.dialect == ANTHROPIC_DIALECT:
+            return chat.input_tokens
+        if any(t.upstream.kind in ("anthropic", "bedrock") for t in self.config.chain(route)):
+            return chat.input_tokens + anthropic_extra_tokens(chat.body)
+        return chat.input_tokens
 
     def _targets(self, route: Route, meter: Meter) -> Targets:
         return Targets(self.config.chain(route), self.providers, self.breakers, meter)
@@ -361,60 +360,6 @@ class Gateway:
             raise ServiceUnavailable(
                 "The budget server is unreachable, and this tenant fails closed. Retry shortly."
             ) from e
-
-
-def output_room(admitted: Admitted, prices: Prices) -> int | None:
-    """The most output tokens the budgets could still give this request: its reservation
-    plus what the tightest budget counting output had left after it (None: no budget counts
-    output)."""
-    held = admitted.reservation.output_reserved
-    room: int | None = None
-    for state in admitted.budgets:
-        dimension = state.budget.dimension
-        if dimension is Dimension.INPUT_TOKENS:
-            continue
-        left = max(state.remaining, 0)
-        if dimension is Dimension.COST_USD:
-            price = prices.output_nusd
-            if price <= 0:
-                continue
-            left //= price
-        room = left if room is None else min(room, left)
-    return None if room is None else held + room
-
-
-def _usage_row(row: UsageRow) -> dict[str, Any]:
-    b = row.budget
-    cost = b.dimension is Dimension.COST_USD
-    out: dict[str, Any] = {
-        "level": b.level.kind.value,
-        "id": b.level.id,
-        "dimension": b.dimension.value,
-        "window": b.window.spec,
-        "unit": "nano_usd" if cost else "tokens",
-        "limit": b.limit,
-        "used": row.used,
-        "reserved": row.reserved,
-        "remaining": row.remaining,
-        "reset_seconds": round(row.reset_ms / 1000, 3),
-    }
-    if cost:
-        for name in ("limit", "used", "reserved", "remaining"):
-            out[f"{name}_usd"] = out[name] / NANO_USD_PER_USD
-    return out
-
-
-def _refusal(r: Refused, wire: WireFormat) -> TooManyRequests:
-    headers = wire.budget_headers(r.budgets, r.rates, r.server_time_ms)
-    if r.never_fits:
-        # Larger than the whole budget: no wait helps, so no Retry-After, and the official
-        # SDKs are told not to retry.
-        headers["x-should-retry"] = "false"
-        return TooManyRequests(r.message, code=r.reason.value, headers=headers)
-    retry_s = max(1, -(-r.retry_after_ms // 1000))
-    headers["retry-after"] = str(1 if r.reason is Refusal.BUSY else retry_s)
-    headers["retry-after-ms"] = str(r.retry_after_ms)
-    return TooManyRequests(r.message, code=r.reason.value, headers=headers)
 
 
 def _deadline(request: Request) -> float | None:

@@ -145,6 +145,8 @@ class OpenAICompatible:
         body = dict(request.body, model=route.model)
         for name in CAP_FIELDS:
             body.pop(name, None)
+        if request.dialect == ANTHROPIC_DIALECT:
+            body = _without_anthropic_fields(body)
         body[request.max_tokens_field] = max_tokens
         if stream:
             # Usage is what a stream is settled with: always ask for it; the client only sees
@@ -308,6 +310,35 @@ class OpenAICompatible:
             return [Output(kind, value, tokens, choice, tool_call)]
         text = json.dumps(value, separators=(",", ":"))
         return [Output(kind, text, text_tokens(text, self.chars_per_token), choice, tool_call)]
+
+
+# What a request that came in Anthropic's format keeps for an Anthropic upstream and an
+# OpenAI-compatible API rejects as unknown: extended thinking, top_k, prompt-cache marks.
+ANTHROPIC_DIALECT = "anthropic_messages"
+ANTHROPIC_ONLY = ("thinking", "top_k")
+
+
+def _without_anthropic_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` without the Anthropic-only fields (top level, in messages, parts and tools)."""
+    out = {k: v for k, v in body.items() if k not in ANTHROPIC_ONLY}
+    messages = []
+    for message in out.get("messages") or []:
+        if isinstance(message, dict):
+            message = {k: v for k, v in message.items() if k != "thinking_blocks"}
+            content = message.get("content")
+            if isinstance(content, list):
+                message["content"] = [_no_cache_mark(part) for part in content]
+        messages.append(message)
+    out["messages"] = messages
+    if isinstance(out.get("tools"), list):
+        out["tools"] = [_no_cache_mark(tool) for tool in out["tools"]]
+    return out
+
+
+def _no_cache_mark(item: Any) -> Any:
+    return (
+        {k: v for k, v in item.items() if k != "cache_control"} if isinstance(item, dict) else item
+    )
 
 
 def audio_tokens(data: str) -> int:

@@ -302,3 +302,33 @@ def test_text_and_content_documents_become_text_parts() -> None:
     body = parse(max_tokens=5, messages=[{"role": "user", "content": docs}]).body
     texts = [p["text"] for p in body["messages"][0]["content"]]
     assert texts == ["A", "C", "B"]
+
+
+def test_an_openai_upstream_is_not_sent_what_only_anthropic_takes() -> None:
+    """thinking, top_k, thinking blocks and cache marks are kept for an Anthropic upstream;
+    an OpenAI-compatible API rejects them as unknown fields."""
+    from hardcap_core.config import parse_config
+    from hardcap_core.providers.openai_compat import OpenAICompatible
+    from hardcap_core.wire.anthropic_request import parse_messages_request
+
+    raw = {
+        "model": "m", "max_tokens": 2000, "top_k": 5,
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+        "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+        "tools": [{"name": "f", "input_schema": {"type": "object"},
+                   "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}],
+    }  # fmt: skip
+    request = parse_messages_request(json.dumps(raw).encode())
+    config = parse_config({
+        "upstreams": [{"name": "u", "base_url": "http://127.0.0.1:9/v1"}],
+        "routes": [{"name": "m", "upstream": "u"}], "tenants": [],
+    })  # fmt: skip
+    body = OpenAICompatible(None)._body(config.routes["m"], request, 100, stream=True)  # type: ignore[arg-type]
+    text = json.dumps(body)
+    assert "thinking" not in text and "top_k" not in text and "cache_control" not in text
+    assert (
+        body["messages"][-1]["content"][0]["text"] == "hi"
+        and body["tools"][0]["function"]["name"] == "f"
+    )

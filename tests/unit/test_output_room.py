@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hardcap_core.budgets import Budget, Dimension, Level, LevelKind, Prices, Scope, Window
-from hardcap_core.gateway.pipeline import output_room
+from hardcap_core.gateway.answers import output_room
 from hardcap_core.ledger import Admitted, BudgetState, Reservation
 
 TENANT = Level(LevelKind.TENANT, "t")
