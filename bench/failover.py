@@ -70,7 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="result JSON (default bench/results/failover.json)")
     p.add_argument("--rate", type=float, help="streams/s for the phases (skips the search)")
     p.add_argument("--rates", default="200,150,100,70,50,35,25", help="rates the search tries")
-    p.add_argument("--search-seconds", type=float, default=5.0, help="length of a search block")
+    p.add_argument("--search-seconds", type=float, default=8.0, help="length of a search block")
     p.add_argument("--gateways", type=int, default=2, help="hardcap serve processes (1-3)")
     p.add_argument("--tokens", type=int, default=20, help="output tokens per stream")
     p.add_argument("--pace-ms", type=float, default=10.0, help="mock ms per token")

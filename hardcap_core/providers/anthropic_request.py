@@ -101,8 +101,15 @@ def _text_blocks(content: Any, where: str) -> list[dict[str, Any]]:
         if not isinstance(text, str):
             raise InvalidRequest("Only text parts can go here.", param=f"{where}[{j}]")
         if text:
-            out.append({"type": "text", "text": text})
+            out.append(_cache_mark(part, {"type": "text", "text": text}))
     return out
+
+
+def _cache_mark(source: dict[str, Any], block: dict[str, Any]) -> dict[str, Any]:
+    """``block`` with ``source``'s prompt-cache mark, if it had one (a request that came in
+    Anthropic's format keeps it: without it every turn pays the full input price)."""
+    mark = source.get("cache_control")
+    return {**block, "cache_control": mark} if isinstance(mark, dict) else block
 
 
 def _user_blocks(content: Any, i: int) -> list[dict[str, Any]]:
@@ -158,7 +165,15 @@ def _document(file: Any, where: str) -> dict[str, Any]:
 
 
 def _assistant_blocks(message: dict[str, Any], i: int) -> list[dict[str, Any]]:
-    out = _text_blocks(message.get("content"), f"messages[{i}].content")
+    # Signed thinking blocks of a request that came in Anthropic's format go back first: with
+    # thinking on, Anthropic requires them ahead of the tool_use of the last assistant turn.
+    thinking = message.get("thinking_blocks")
+    out = [
+        b
+        for b in (thinking if isinstance(thinking, list) else [])
+        if isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking")
+    ]
+    out += _text_blocks(message.get("content"), f"messages[{i}].content")
     calls = message.get("tool_calls") or []
     if message.get("function_call"):
         calls = [*calls, {"id": f"call_legacy_{i}", "function": message["function_call"]}]
@@ -203,6 +218,8 @@ def _options(body: dict[str, Any], out: dict[str, Any], max_tokens: int) -> None
         out["temperature"] = min(float(temperature), 1.0)
     if body.get("top_p") is not None:
         out["top_p"] = body["top_p"]
+    if body.get("top_k") is not None:
+        out["top_k"] = body["top_k"]
     user = body.get("user") or body.get("safety_identifier")
     if isinstance(user, str) and user:
         out["metadata"] = {"user_id": user}
@@ -221,7 +238,7 @@ def _tool(tool: Any, k: int) -> dict[str, Any]:
     out = {"name": fn["name"], "input_schema": schema}
     if isinstance(fn.get("description"), str):
         out["description"] = fn["description"]
-    return out
+    return _cache_mark(tool, out)
 
 
 def _tool_choice(choice: Any) -> dict[str, Any] | None:

@@ -195,3 +195,37 @@ async def test_the_request_carries_the_key_and_version_headers(
     assert sent.headers["x-api-key"] == "sk-ant-1"
     assert sent.headers["anthropic-version"] == "2023-06-01"
     assert "authorization" not in sent.headers
+
+
+def test_a_request_in_anthropic_format_keeps_its_cache_marks_thinking_and_top_k() -> None:
+    """Claude Code through the gateway: prompt-cache marks (else every turn pays full input),
+    the signed thinking block ahead of the last turn's tool_use (else Anthropic refuses the
+    request with thinking on), and top_k all reach an Anthropic upstream."""
+    import json
+
+    from hardcap_core.wire.anthropic_request import parse_messages_request
+
+    mark = {"type": "ephemeral"}
+    raw = {
+        "model": "m", "max_tokens": 4000, "top_k": 7,
+        "thinking": {"type": "enabled", "budget_tokens": 2048},
+        "system": [{"type": "text", "text": "Be brief.", "cache_control": mark}],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}, "cache_control": mark}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "go", "cache_control": mark}]},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "plan", "signature": "sig=="},
+                {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "done"}]},
+        ],
+    }  # fmt: skip
+    request = parse_messages_request(json.dumps(raw).encode())
+    body = messages_body(request, "claude", 4000, stream=True)
+    assert body["top_k"] == 7 and body["thinking"]["budget_tokens"] == 2048
+    assert body["system"] == [{"type": "text", "text": "Be brief.", "cache_control": mark}]
+    assert body["tools"][0]["cache_control"] == mark
+    assert body["messages"][0]["content"][0]["cache_control"] == mark
+    assistant = body["messages"][1]["content"]
+    assert [b["type"] for b in assistant] == ["thinking", "tool_use"]
+    assert assistant[0]["signature"] == "sig=="
