@@ -10,6 +10,7 @@ which target served, so the charge is priced by the target actually used.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TypeVar
@@ -30,6 +31,9 @@ from hardcap_core.logs import logger
 from hardcap_core.providers.base import Provider
 
 T = TypeVar("T")
+# How long a stream's opening reads are held back while waiting for its first output (a model
+# that thinks silently longer than this is taken as served).
+PEEK_S = 2.0
 
 
 class AllTargetsDown(UpstreamFailed):
@@ -118,8 +122,19 @@ class FailoverStream:
         async def attempt(route: Route, provider: Provider) -> AsyncIterator[Read]:
             opened = provider.stream(route, self.chat, self.cap)
             reads = await opened.__aenter__()
+            # Its first reads too, up to its first output: a provider that answered 200 and
+            # died before sending any has sent nothing the client sees (the reads so far are
+            # held back), so the next target may serve.
+            try:
+                held = await _until_output(reads)
+            except BaseException as e:
+                await opened.__aexit__(type(e), e, e.__traceback__)
+                if isinstance(e, GatewayError) and can_fail_over(e):
+                    # It had the request and may bill its input: so does the ledger.
+                    self.targets.meter.billed_elsewhere(route, self.chat.input_tokens)
+                raise
             self._exit = opened.__aexit__
-            return reads
+            return _prepend(held, reads)
 
         return await self.targets.first(attempt)
 
@@ -132,3 +147,25 @@ class FailoverStream:
         if self._exit is None:
             return None
         return await self._exit(kind, error, tb)
+
+
+async def _until_output(reads: AsyncIterator[Read]) -> list[Read]:
+    """The reads up to and with the first that carries output (or ends, or reports usage),
+    or what came in :data:`PEEK_S`; a stream that ends before that gives what it sent."""
+    held: list[Read] = []
+    deadline = asyncio.get_running_loop().time() + PEEK_S
+    async for read in reads:
+        held.append(read)
+        if any(e.output or e.finish or e.usage or e.error or e.done for e in read):
+            break
+        if asyncio.get_running_loop().time() > deadline:
+            break
+    return held
+
+
+async def _prepend(held: list[Read], rest: AsyncIterator[Read]) -> AsyncIterator[Read]:
+    """``rest`` with the ``held`` reads back in front of it."""
+    for read in held:
+        yield read
+    async for read in rest:
+        yield read

@@ -116,6 +116,9 @@ class Meter:
         self.prices = prices  # of the target that serves the request (a fallback may change it)
         self.charged_cost = 0
         self.served: Route | None = None  # the target that served it, once one was tried
+        self.elsewhere_input = 0  # input of attempts that took the request and then failed
+        self.elsewhere_output = 0
+        self.elsewhere_cost = 0
         self.meta = meta or (reservation.meta if reservation else ReservationMeta(route=route))
         self._clock = clock
         self.fallback = fallback  # None: no durable store; a settle the cache misses is lost
@@ -142,6 +145,15 @@ class Meter:
         self._read_at = 0.0
         self._arrived = 0  # output tokens read after the first read
         self._batches: collections.deque[int] = collections.deque(maxlen=STALL_WINDOW)
+
+    def billed_elsewhere(self, target: Route, input_tokens: int) -> None:
+        """``target`` took the request (it answered 200) and failed before sending anything;
+        another target serves it. The failed one may bill the input: it is charged too."""
+        # As a cut stream is charged: its input, and the least a provider generates.
+        guard = self.settings.guard
+        self.elsewhere_input += input_tokens
+        self.elsewhere_output += guard
+        self.elsewhere_cost += target.prices.cost(input_tokens, guard, 0, input_tokens)
 
     def serve_with(self, target: Route) -> None:
         """``target`` (the route or one of its fallbacks) serves the request: its prices are
@@ -309,6 +321,10 @@ class Meter:
         self.charged_cost = self.prices.cost(
             self.charged_input, self.charged_output, cached, written
         )
+        if self.elsewhere_input:
+            self.charged_input += self.elsewhere_input
+            self.charged_output += self.elsewhere_output
+            self.charged_cost += self.elsewhere_cost
         note = SettleNote(
             outcome=outcome.value,
             estimate=outcome.cut,

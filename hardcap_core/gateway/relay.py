@@ -63,11 +63,12 @@ class Relay:
         ended (nothing is charged if nothing was generated) and the error propagates.
         """
         entered = False
+        # The hold is refreshed on a timer while the stream lives, tokens or not — from the
+        # start: opening may take a while (fallbacks tried in turn, a first read held back).
+        self._keep_alive = asyncio.create_task(self.meter.keep_alive())
         try:
             self._reads = await self._opened.__aenter__()
             entered = True
-            # The hold is refreshed on a timer while the stream lives, tokens or not.
-            self._keep_alive = asyncio.create_task(self.meter.keep_alive())
             self._run_gen = self._run()
             first = await anext(self._run_gen, None)
             if first is not None:

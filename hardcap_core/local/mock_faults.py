@@ -8,7 +8,8 @@ Anthropic modes alike) meets for the next `seconds`:
 - `{"mode": "hang", "seconds": 5}`: accept the request, read it, and never send a byte until
   the client gives up (a provider that stopped answering behind a live load balancer).
 - `{"mode": "disconnect", "seconds": 5}`: a stream drops its connection after
-  :data:`DISCONNECT_AFTER` steps; a whole reply drops mid-body (a crashed host).
+  :data:`DISCONNECT_AFTER` steps (`after`: that many instead; 0 drops it right after the
+  200, before any event); a whole reply drops mid-body (a crashed host).
 
 `POST /mock/fault` with `{}` clears it, and so does `POST /mock/reset`; `GET /mock/fault`
 shows what is set. Nothing a fault refuses is billed; a dropped stream bills what it sent.
@@ -42,6 +43,7 @@ class Fault:
     status: int
     retry_after: float | None
     until: float
+    after: int = DISCONNECT_AFTER  # steps a "disconnect" sends first
 
     def as_json(self) -> dict[str, Any]:
         left = max(0.0, self.until - time.monotonic())
@@ -60,7 +62,7 @@ def parse_fault(body: Any) -> Fault | None:
         raise ValueError("the body must be a JSON object")
     if not body:
         return None
-    unknown = set(body) - {"mode", "status", "seconds", "retry_after"}
+    unknown = set(body) - {"mode", "status", "seconds", "retry_after", "after"}
     if unknown:
         raise ValueError(f"unknown fields {sorted(unknown)}")
     mode = body.get("mode", "status")
@@ -77,7 +79,10 @@ def parse_fault(body: Any) -> Fault | None:
         raise ValueError("retry_after must be a number >= 0")
     if status == 429 and retry_after is None:
         retry_after = DEFAULT_RETRY_AFTER_S
-    return Fault(mode, status, retry_after, time.monotonic() + seconds)
+    after = body.get("after", DISCONNECT_AFTER)
+    if type(after) is not int or after < 0:
+        raise ValueError("after must be an integer >= 0")
+    return Fault(mode, status, retry_after, time.monotonic() + seconds, after)
 
 
 def _number(value: Any) -> TypeGuard[float]:
@@ -131,5 +136,5 @@ def apply_fault(plan: Plan, fault: Fault | None) -> Plan:
         return dataclasses.replace(plan, status=fault.status, retry_after=fault.retry_after)
     if fault.mode == "hang":
         return dataclasses.replace(plan, hang=True)
-    die = DISCONNECT_AFTER if plan.die_after is None else min(plan.die_after, DISCONNECT_AFTER)
+    die = fault.after if plan.die_after is None else min(plan.die_after, fault.after)
     return dataclasses.replace(plan, die_after=die, drop=True)

@@ -178,3 +178,22 @@ def test_a_probe_that_fails_opens_the_breaker_again(
         assert stream_text(base)[1] == "stop"  # the probe failed; the backup served
         assert requests_seen(primary) == seen + 1
         assert breakers(base)["mock"]["state"] == "open"
+
+
+def test_a_primary_that_dies_after_200_before_any_byte_falls_back(
+    fresh: LocalValkey, primary: Mock, backup: Mock
+) -> None:
+    """It answered 200 and dropped the connection before its first event: no byte reached
+    the client, so the backup serves. The primary had the request and may bill its input: the
+    ledger charges that too (and the least a cut stream is charged)."""
+    fault(primary, mode="disconnect", after=0, seconds=30)
+    with gateway_thread(chain_config(primary.url, backup.url, fresh.url)) as base:
+        text, finish = stream_text(base)
+        assert text and finish == "stop"
+        served = backup.truth("alpha")
+        assert served["requests"] == 1
+        primary_input = primary.truth("alpha")["prompt_tokens"]
+        assert primary_input > 0  # it did take the request
+        backup_cost = (served["prompt_tokens"] * 3.0 + served["completion_tokens"] * 6.0) / 1e6
+        # At least the backup's bill plus the primary's input at its price.
+        assert cost_used(base) >= backup_cost + primary_input * 1.0 / 1e6
