@@ -11,26 +11,19 @@ statuses become client errors in :func:`~hardcap_core.providers.http.status_erro
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx
 
-from hardcap_core import sse
 from hardcap_core.chat import ChatRequest
 from hardcap_core.config import Route
 from hardcap_core.errors import UpstreamMalformed
 from hardcap_core.events import Completion, Read
 from hardcap_core.providers.anthropic_events import MessageDecoder, completion
 from hardcap_core.providers.anthropic_request import ANTHROPIC_VERSION, messages_body
-from hardcap_core.providers.http import (
-    CONNECT_TIMEOUT_S,
-    status_error,
-    stream_error,
-    transport_error,
-)
+from hardcap_core.providers.http import open_sse, post, send_json
 
 DIALECT = "anthropic_messages"
 
@@ -46,42 +39,20 @@ class AnthropicMessages:
 
     async def complete(self, route: Route, request: ChatRequest, max_tokens: int) -> Completion:
         body = messages_body(request, route.model, max_tokens, stream=False)
-        try:
-            response = await self.client.send(self._request(route, body, stream=False))
-        except httpx.HTTPError as e:
-            raise transport_error(route.name, e) from e
-        if response.status_code >= 400:
-            raise status_error(route.name, response.status_code, response.content)
-        # Past this point the provider answered 200: it generated, and bills, the reply.
-        try:
-            data = response.json()
-        except ValueError as e:
-            raise UpstreamMalformed(f"Provider for '{route.name}' sent invalid JSON.") from e
-        if not isinstance(data, dict):
-            raise UpstreamMalformed(f"Provider for '{route.name}' sent an unexpected body.")
+        data = await send_json(self.client, self._request(route, body, stream=False), route.name)
         if data.get("type") == "error":
             error = data.get("error")
             message = error.get("message") if isinstance(error, dict) else error
             raise UpstreamMalformed(f"The provider for '{route.name}' failed: {message}")
         return completion(data, self.chars_per_token)
 
-    @asynccontextmanager
-    async def stream(
+    def stream(
         self, route: Route, request: ChatRequest, max_tokens: int
-    ) -> AsyncIterator[AsyncIterator[Read]]:
+    ) -> AbstractAsyncContextManager[AsyncIterator[Read]]:
         body = messages_body(request, route.model, max_tokens, stream=True)
-        try:
-            response = await self.client.send(self._request(route, body, stream=True), stream=True)
-        except httpx.HTTPError as e:
-            raise transport_error(route.name, e) from e
-        reads = self._reads(response)
-        try:
-            if response.status_code >= 400:
-                raise status_error(route.name, response.status_code, await response.aread())
-            yield reads
-        finally:
-            await reads.aclose()
-            await response.aclose()
+        decoder = MessageDecoder(self.chars_per_token)  # one per stream: it keeps block state
+        return open_sse(self.client, self._request(route, body, stream=True), route.name,
+                        decoder.event)  # fmt: skip
 
     def _request(self, route: Route, body: dict[str, Any], *, stream: bool) -> httpx.Request:
         headers = {
@@ -95,20 +66,4 @@ class AnthropicMessages:
         if key:
             headers["x-api-key"] = key
         url = route.upstream.base_url.rstrip("/") + "/messages"
-        timeout = httpx.Timeout(route.upstream.timeout_seconds, connect=CONNECT_TIMEOUT_S)
-        return self.client.build_request(
-            "POST", url, headers=headers, content=json.dumps(body), timeout=timeout
-        )
-
-    async def _reads(self, response: httpx.Response) -> AsyncGenerator[Read, None]:
-        """One batch of events per network read."""
-        parser = sse.SSEParser()
-        decoder = MessageDecoder(self.chars_per_token)
-        try:
-            async for piece in response.aiter_bytes():
-                yield [decoder.event(data) for data in parser.feed(piece)]
-        except httpx.HTTPError as e:
-            raise stream_error(e) from e
-        tail = [decoder.event(data) for data in parser.flush()]
-        if tail:
-            yield tail
+        return post(self.client, url, headers, body, route.upstream.timeout_seconds)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx
@@ -34,12 +34,7 @@ from hardcap_core.chat import ChatRequest
 from hardcap_core.config import Route
 from hardcap_core.errors import UpstreamMalformed
 from hardcap_core.events import Completion, Event, FinishReason, Output, OutputKind, Read, Usage
-from hardcap_core.providers.http import (
-    CONNECT_TIMEOUT_S,
-    status_error,
-    stream_error,
-    transport_error,
-)
+from hardcap_core.providers.http import open_sse, post, send_json
 from hardcap_core.tokens import streamed_tokens, text_tokens
 
 DIALECT = "openai_chat"
@@ -91,19 +86,7 @@ class OpenAICompatible:
 
     async def complete(self, route: Route, request: ChatRequest, max_tokens: int) -> Completion:
         body = self._body(route, request, max_tokens, stream=False)
-        try:
-            response = await self.client.send(self._request(route, body, stream=False))
-        except httpx.HTTPError as e:
-            raise transport_error(route.name, e) from e
-        if response.status_code >= 400:
-            raise status_error(route.name, response.status_code, response.content)
-        # Past this point the provider answered 200: it generated, and bills, the reply.
-        try:
-            data = response.json()
-        except ValueError as e:
-            raise UpstreamMalformed(f"Provider for '{route.name}' sent invalid JSON.") from e
-        if not isinstance(data, dict):
-            raise UpstreamMalformed(f"Provider for '{route.name}' sent an unexpected body.")
+        data = await send_json(self.client, self._request(route, body, stream=False), route.name)
         if "error" in data:
             error = data["error"]
             message = error.get("message") if isinstance(error, dict) else error
@@ -119,23 +102,13 @@ class OpenAICompatible:
             data, output, sum(o.tokens for o in output), _usage(data.get("usage")), finish
         )
 
-    @asynccontextmanager
-    async def stream(
+    def stream(
         self, route: Route, request: ChatRequest, max_tokens: int
-    ) -> AsyncIterator[AsyncIterator[Read]]:
+    ) -> AbstractAsyncContextManager[AsyncIterator[Read]]:
         body = self._body(route, request, max_tokens, stream=True)
-        try:
-            response = await self.client.send(self._request(route, body, stream=True), stream=True)
-        except httpx.HTTPError as e:
-            raise transport_error(route.name, e) from e
-        reads = self._reads(response)
-        try:
-            if response.status_code >= 400:
-                raise status_error(route.name, response.status_code, await response.aread())
-            yield reads
-        finally:
-            await reads.aclose()
-            await response.aclose()
+        return open_sse(
+            self.client, self._request(route, body, stream=True), route.name, self._event
+        )
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -165,25 +138,9 @@ class OpenAICompatible:
         if key:
             headers["authorization"] = f"Bearer {key}"
         url = route.upstream.base_url.rstrip("/") + "/chat/completions"
-        timeout = httpx.Timeout(route.upstream.timeout_seconds, connect=CONNECT_TIMEOUT_S)
-        return self.client.build_request(
-            "POST", url, headers=headers, content=json.dumps(body), timeout=timeout
-        )
+        return post(self.client, url, headers, body, route.upstream.timeout_seconds)
 
     # -- stream decoding ------------------------------------------------------------------------
-
-    async def _reads(self, response: httpx.Response) -> AsyncGenerator[Read, None]:
-        """One batch of events per network read. ``aiter_bytes`` undoes any content encoding
-        a provider applied although we asked for none."""
-        parser = sse.SSEParser()
-        try:
-            async for piece in response.aiter_bytes():
-                yield [self._event(data) for data in parser.feed(piece)]
-        except httpx.HTTPError as e:
-            raise stream_error(e) from e
-        tail = [self._event(data) for data in parser.flush()]
-        if tail:
-            yield tail
 
     def _event(self, data: str) -> Event:
         if data == sse.DONE:
