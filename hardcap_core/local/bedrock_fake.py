@@ -339,19 +339,13 @@ def create_bedrock_fake_app(settings: FakeSettings | None = None) -> Starlette:
             plan = dataclasses.replace(plan, status=int(knobs["bedrock_status"]))
         metadata = body.get("requestMetadata") or {}
         tenant_name = metadata.get("user") or metadata.get("tenant") or "anonymous"
-        tenant = truth.tenant(tenant_name)
-        tenant.requests += 1
-        if plan.hang or plan.status >= 400:
-            tenant.errors += 1  # Bedrock bills no failed call
+        refused = plan.hang or plan.status >= 400  # Bedrock bills no failed call
+        bench_id = metadata.get("hardcap_bench_id")
+        account = truth.receive(tenant_name, plan.prompt_tokens, bench_id, refused=refused)
+        if account is None:
             if plan.hang:
                 return await hang(request)
             return _error(plan.status, f"injected error ([mock:status={plan.status}])")
-        tenant.prompt_tokens += plan.prompt_tokens
-        tenant.in_flight += 1
-        account = Account(tenant)
-        if isinstance(metadata.get("hardcap_bench_id"), str):
-            bench_id = metadata["hardcap_bench_id"]
-            account.record = truth.request(bench_id, tenant_name, plan.prompt_tokens)
         headers = {"x-amzn-requestid": str(uuid.uuid4())}
         if stream:
             frames = _stream(plan, knobs, account)

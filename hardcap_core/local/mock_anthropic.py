@@ -274,20 +274,14 @@ def anthropic_routes(
         except ValueError as exc:
             return error(400, str(exc))
         plan = apply_fault(plan, faults.active())
-        tenant = truth.tenant(req.tenant())
-        tenant.requests += 1
-        if plan.hang or plan.status >= 400:
-            tenant.errors += 1  # a refused request is not billed
+        request_id = (req.metadata or {}).get("hardcap_bench_id")
+        refused = plan.hang or plan.status >= 400
+        account = truth.receive(req.tenant(), plan.prompt_tokens, request_id, refused=refused)
+        if account is None:
             if plan.hang:
                 return await hang(request)
             message = f"injected error ([mock:status={plan.status}])"
             return error(plan.status, message, retry_headers(plan.retry_after))
-        tenant.prompt_tokens += plan.prompt_tokens
-        tenant.in_flight += 1
-        account = Account(tenant)
-        request_id = (req.metadata or {}).get("hardcap_bench_id")
-        if isinstance(request_id, str):
-            account.record = truth.request(request_id, req.tenant(), plan.prompt_tokens)
         if req.stream:
             events = stream_messages(req.model, plan, account, first_token_ms)
             return CuttableStreamingResponse(events, account)

@@ -84,6 +84,24 @@ class GroundTruth:
             self._requests.popitem(last=False)
         return record
 
+    def receive(
+        self, tenant: str, prompt_tokens: int, request_id: Any, *, refused: bool
+    ) -> Account | None:
+        """Count one request of ``tenant``: refused (an error status or a hang, which providers
+        do not bill) only as an error, else billed its prompt and open until its account
+        closes; recorded per request when ``request_id`` is a string. None when refused."""
+        truth = self.tenant(tenant)
+        truth.requests += 1
+        if refused:
+            truth.errors += 1
+            return None
+        truth.prompt_tokens += prompt_tokens
+        truth.in_flight += 1
+        account = Account(truth)
+        if isinstance(request_id, str):
+            account.record = self.request(request_id, tenant, prompt_tokens)
+        return account
+
     def reset(self) -> None:
         """Forget everything recorded so far."""
         self._tenants = {}

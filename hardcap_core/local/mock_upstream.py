@@ -186,21 +186,14 @@ def create_mock_app(settings: MockSettings) -> Starlette:
         except ValueError as exc:
             return _error(400, str(exc))
         plan = apply_fault(plan, faults.active())
-        tenant = truth.tenant(req.tenant())
-        tenant.requests += 1
-        if plan.hang or plan.status >= 400:
-            # Providers do not bill a failed request, so only `errors` records it.
-            tenant.errors += 1
+        request_id = (req.metadata or {}).get("hardcap_bench_id")
+        refused = plan.hang or plan.status >= 400
+        account = truth.receive(req.tenant(), plan.prompt_tokens, request_id, refused=refused)
+        if account is None:
             if plan.hang:
                 return await hang(request)
             message = f"injected error ([mock:status={plan.status}])"
             return _error(plan.status, message, retry_headers(plan.retry_after))
-        tenant.prompt_tokens += plan.prompt_tokens
-        tenant.in_flight += 1
-        account = Account(tenant)
-        request_id = (req.metadata or {}).get("hardcap_bench_id")
-        if isinstance(request_id, str):
-            account.record = truth.request(request_id, req.tenant(), plan.prompt_tokens)
         if req.stream:
             body = stream_events(req, plan, account, settings.first_token_ms)
             if plan.gzip:
