@@ -12,6 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# The dialects a request comes in (ChatRequest.dialect) and a provider's events are in
+# (Provider.dialect): a wire format and a provider of the same one may pass chunks through.
+OPENAI_CHAT = "openai_chat"
+ANTHROPIC_MESSAGES = "anthropic_messages"
+BEDROCK_CONVERSE = "bedrock_converse"
+
 
 @dataclass(frozen=True, slots=True)
 class ChatRequest:

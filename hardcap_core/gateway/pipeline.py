@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hardcap_core.auth import bearer_token
-from hardcap_core.chat import ChatRequest
+from hardcap_core.chat import ANTHROPIC_MESSAGES, ChatRequest
 from hardcap_core.config import Config, Policy, Principal, Route
 from hardcap_core.errors import (
     AuthenticationFailed,
@@ -57,7 +57,6 @@ from hardcap_core.providers.base import Provider
 from hardcap_core.wire.anthropic_count import anthropic_extra_tokens
 from hardcap_core.wire.base import Charged, WireFormat
 
-ANTHROPIC_DIALECT = "anthropic_messages"
 DEADLINE_MARGIN_S = 3.0  # end and settle a stream this long before Lambda's timeout
 T = TypeVar("T")
 
@@ -81,6 +80,9 @@ class Gateway:
         self.ledger = ledger
         self.providers = providers  # by upstream kind: openai, anthropic, bedrock
         self.breakers = Breakers(ledger.client, ledger.scripts, ledger.keys)
+        # Per route, once: its chain of targets and the prices a request on it is held at.
+        self.chains = {name: config.chain(r) for name, r in config.routes.items()}
+        self.hold_prices = {name: config.hold_prices(r) for name, r in config.routes.items()}
         self.fallback = fallback  # where a settle the cache does not take is kept
         self.estimators = {name: self._estimator(r) for name, r in config.routes.items()}
         g = config.gateway
@@ -246,7 +248,7 @@ class Gateway:
                 input_tokens=input_tokens,
                 output_estimate=estimate,
                 min_output=least,
-                prices=self.config.hold_prices(route),
+                prices=self.hold_prices[route.name],
                 fail_open=principal.fail_mode == "open",
                 meta=meta,
                 # A hold whose settle never comes (the instance died) is charged, not
@@ -271,7 +273,7 @@ class Gateway:
             reservation = result.reservation
             headers = wire.budget_headers(result.budgets, result.rates, result.server_time_ms)
             if policy.cuts:
-                room = output_room(result, self.config.hold_prices(route))
+                room = output_room(result, self.hold_prices[route.name])
         meter = Meter(
             self.ledger,
             principal.scope,
@@ -336,20 +338,19 @@ class Gateway:
         Anthropic model (directly or on Bedrock) bills a tool-use system prompt and images by
         its own rule beyond what the OpenAI count of the body holds. (A request that came in
         Anthropic's format was counted that way already.)"""
-        if chat.dialect == ANTHROPIC_DIALECT:
+        if chat.dialect == ANTHROPIC_MESSAGES:
             return chat.input_tokens
-        if any(t.upstream.kind in ("anthropic", "bedrock") for t in self.config.chain(route)):
+        if any(t.upstream.kind in ("anthropic", "bedrock") for t in self.chains[route.name]):
             return chat.input_tokens + anthropic_extra_tokens(chat.body)
         return chat.input_tokens
 
     def _targets(self, route: Route, meter: Meter) -> Targets:
-        return Targets(self.config.chain(route), self.providers, self.breakers, meter)
+        return Targets(self.chains[route.name], self.providers, self.breakers, meter)
 
     def _same_dialect(self, route: Route, wire: WireFormat) -> bool:
         """Whether every target speaks the client's dialect, so its chunks may pass through."""
         return all(
-            self.providers[t.upstream.kind].dialect == wire.dialect
-            for t in self.config.chain(route)
+            self.providers[t.upstream.kind].dialect == wire.dialect for t in self.chains[route.name]
         )
 
     async def _ledger_call(self, awaitable: Any) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from hardcap_core.chat import ChatRequest
+from hardcap_core.chat import ANTHROPIC_MESSAGES, ChatRequest
 from hardcap_core.config import Route
 from hardcap_core.errors import UpstreamMalformed
 from hardcap_core.events import Completion, Read
@@ -25,7 +25,7 @@ from hardcap_core.providers.anthropic_events import MessageDecoder, completion
 from hardcap_core.providers.anthropic_request import ANTHROPIC_VERSION, messages_body
 from hardcap_core.providers.http import open_sse, post, send_json
 
-DIALECT = "anthropic_messages"
+DIALECT = ANTHROPIC_MESSAGES
 
 
 class AnthropicMessages:

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
-from hardcap_core.chat import ChatRequest
+from hardcap_core.chat import BEDROCK_CONVERSE, ChatRequest
 from hardcap_core.config import Route, Upstream
 from hardcap_core.events import Completion, Event, FinishReason, Output, OutputKind, Read, Usage
 from hardcap_core.logs import logger
@@ -44,7 +44,7 @@ from hardcap_core.providers.bedrock_request import converse_params
 from hardcap_core.providers.http import CONNECT_TIMEOUT_S
 from hardcap_core.tokens import streamed_tokens, text_tokens
 
-DIALECT = "bedrock_converse"
+DIALECT = BEDROCK_CONVERSE
 # Streams and calls in flight at once per process (each holds a thread and a connection).
 MAX_CALLS = 512
 # How long leaving a stream waits for its thread; past that the thread ends by itself.

@@ -30,14 +30,14 @@ from typing import Any
 import httpx
 
 from hardcap_core import sse
-from hardcap_core.chat import ChatRequest
+from hardcap_core.chat import ANTHROPIC_MESSAGES, OPENAI_CHAT, ChatRequest
 from hardcap_core.config import Route
 from hardcap_core.errors import UpstreamMalformed
 from hardcap_core.events import Completion, Event, FinishReason, Output, OutputKind, Read, Usage
 from hardcap_core.providers.http import open_sse, post, send_json
 from hardcap_core.tokens import streamed_tokens, text_tokens
 
-DIALECT = "openai_chat"
+DIALECT = OPENAI_CHAT
 
 # Delta (and message) text fields a provider bills as output. `reasoning` (vLLM, Groq,
 # OpenRouter), `reasoning_content` (DeepSeek and others), `thinking` (translated Anthropic).
@@ -118,7 +118,7 @@ class OpenAICompatible:
         body = dict(request.body, model=route.model)
         for name in CAP_FIELDS:
             body.pop(name, None)
-        if request.dialect == ANTHROPIC_DIALECT:
+        if request.dialect == ANTHROPIC_MESSAGES:
             body = _without_anthropic_fields(body)
         body[request.max_tokens_field] = max_tokens
         if stream:
@@ -271,7 +271,6 @@ class OpenAICompatible:
 
 # What a request that came in Anthropic's format keeps for an Anthropic upstream and an
 # OpenAI-compatible API rejects as unknown: extended thinking, top_k, prompt-cache marks.
-ANTHROPIC_DIALECT = "anthropic_messages"
 ANTHROPIC_ONLY = ("thinking", "top_k")
 
 

@@ -29,13 +29,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hardcap_core.chat import ChatRequest
+from hardcap_core.chat import ANTHROPIC_MESSAGES, ChatRequest
 from hardcap_core.errors import InvalidRequest
 from hardcap_core.wire import json_body
 from hardcap_core.wire.anthropic_count import anthropic_extra_tokens
 from hardcap_core.wire.openai_input import input_tokens
 
-DIALECT = "anthropic_messages"
+DIALECT = ANTHROPIC_MESSAGES
 FIELDS = frozenset(
     {
         "model", "max_tokens", "messages", "system", "tools", "tool_choice", "stop_sequences",

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from hardcap_core.chat import ChatRequest
+from hardcap_core.chat import OPENAI_CHAT, ChatRequest
 from hardcap_core.errors import InvalidRequest
 from hardcap_core.wire import json_body
 from hardcap_core.wire.openai_input import input_tokens
 
-DIALECT = "openai_chat"
+DIALECT = OPENAI_CHAT
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
