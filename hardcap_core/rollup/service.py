@@ -7,7 +7,7 @@ starts a lost cache's counters from zero and loses a settle the cache misses, as
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hardcap_core import env
 from hardcap_core.config import Config, load_config
@@ -15,10 +15,11 @@ from hardcap_core.errors import ConfigError
 from hardcap_core.ledger import Ledger
 from hardcap_core.ledger.connection import connect
 from hardcap_core.rollup.durable import DurableSettles
-from hardcap_core.rollup.metrics import RollupMetrics
 from hardcap_core.rollup.restore import durable_ledger
-from hardcap_core.rollup.run import RollupReport, run_rollup
 from hardcap_core.rollup.table import UsageTable
+
+if TYPE_CHECKING:
+    from hardcap_core.rollup.run import RollupReport
 
 
 def usage_table_from_env(client: Any = None) -> UsageTable | None:
@@ -46,6 +47,11 @@ class RollupService:
         self._cache: Any = None
 
     async def run(self) -> RollupReport:
+        # Imported here: a gateway builds its durable ledger from this module and never rolls
+        # up, so its cold start does not pay for the rollup and its metrics.
+        from hardcap_core.rollup.metrics import RollupMetrics
+        from hardcap_core.rollup.run import run_rollup
+
         g = self.config.gateway
         if self._cache is None:
             # The cache client belongs to the event loop it was made on: the handler keeps one.
