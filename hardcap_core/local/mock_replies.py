@@ -153,12 +153,17 @@ async def _think(plan: Plan, account: Account) -> AsyncGenerator[bytes, None]:
     length = plan.silent_ms / 1000
     tick = (plan.keepalive_ms or SILENT_TICK_MS) / 1000
     billed = 0
+    pinged = start
     while (elapsed := time.monotonic() - start) < length:
         await asyncio.sleep(min(tick, length - elapsed))
-        share = int(plan.hidden * min((time.monotonic() - start) / length, 1.0))
+        now = time.monotonic()
+        share = int(plan.hidden * min((now - start) / length, 1.0))
         account.add_tokens(share - billed)
         billed = share
-        if plan.keepalive_ms and time.monotonic() - start < length:
+        # At most one comment per interval: an event loop with millisecond timers (uvloop)
+        # returns a sub-millisecond sleep at once, which would otherwise ping in a burst.
+        if plan.keepalive_ms and now - start < length and now - pinged >= tick * 0.9:
+            pinged = now
             yield KEEPALIVE
     account.add_tokens(plan.hidden - billed)
 
