@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.credentials import CredentialProvider
 from redis.exceptions import (
     ClusterDownError,
     MasterDownError,
@@ -26,6 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from hardcap_core.errors import LedgerProtocolError, LedgerUnavailable
+from hardcap_core.ledger.iam_auth import CONNECTION_MAX_AGE_S, provider_from_env, reauthenticating
 
 T = TypeVar("T")
 # What a server that is down, restarting, failing over or too slow looks like to redis-py.
@@ -53,12 +55,24 @@ MAX_CONNECTIONS = 64
 RETRIES = 2
 
 
-async def connect(url: str, *, cluster: bool = False) -> Any:
+async def connect(
+    url: str,
+    *,
+    cluster: bool = False,
+    credential_provider: CredentialProvider | None = None,
+    max_connection_age_s: float = CONNECTION_MAX_AGE_S,
+) -> Any:
     """A ready client for ``url`` (``redis://`` or ``rediss://`` for TLS, as on ElastiCache).
 
     A cluster client loads the slot map now, before the first request: clients that start
     cold under concurrency send to the wrong node and see a burst of MOVED replies.
+
+    With ElastiCache IAM auth configured in the environment (ledger/iam_auth.py), or a
+    ``credential_provider`` given, every connection authenticates with the provider's user and
+    password, and reconnects (authenticating again) once older than ``max_connection_age_s``:
+    ElastiCache drops an IAM-authenticated connection after 12 hours.
     """
+    provider = credential_provider or provider_from_env()
     common: dict[str, Any] = {
         "socket_timeout": SOCKET_TIMEOUT_S,
         "socket_connect_timeout": CONNECT_TIMEOUT_S,
@@ -73,12 +87,17 @@ async def connect(url: str, *, cluster: bool = False) -> Any:
             supported_errors=(RedisConnectionError,),
         ),
     }
+    if provider is not None:
+        common["credential_provider"] = provider
     if not cluster:
         pool = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=MAX_CONNECTIONS, timeout=SOCKET_TIMEOUT_S, **common
         )
-        return aioredis.Redis.from_pool(pool)
+        standalone = aioredis.Redis.from_pool(pool)
+        return reauthenticating(standalone, max_connection_age_s) if provider else standalone
     client = RedisCluster.from_url(url, max_connections=CLUSTER_MAX_CONNECTIONS, **common)
+    if provider is not None:
+        reauthenticating(client, max_connection_age_s)
     try:
         await client.initialize()
     except UNREACHABLE as e:
