@@ -45,10 +45,23 @@ READ_BY_COMPONENT = {
     "AWS_LWA_READINESS_CHECK_PATH": "lambda-web-adapter",
     # Read by the adapter too, not only by run.sh: both must use the same port.
     "AWS_LWA_PORT": "lambda-web-adapter",
+    # Egress=ipv6: botocore's service-specific endpoints (the dual-stack ones), read by the
+    # Secrets Manager client (Powertools) and the Bedrock client.
+    "AWS_ENDPOINT_URL_SECRETS_MANAGER": "botocore:secretsmanager",
+    "AWS_ENDPOINT_URL_BEDROCK_RUNTIME": "botocore:bedrock-runtime",
 }
 
-# Variables the code reads that Lambda sets in every execution environment.
-SET_BY_LAMBDA = {"LAMBDA_TASK_ROOT", "LAMBDA_RUNTIME_DIR", "PYTHONPATH"}
+# Variables the code reads that Lambda sets in every execution environment (the role's
+# credentials and region: ledger/iam_auth.py signs the cache's IAM token with them).
+SET_BY_LAMBDA = {
+    "LAMBDA_TASK_ROOT",
+    "LAMBDA_RUNTIME_DIR",
+    "PYTHONPATH",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+}
 
 # Reads whose name is data, not code: the config's `api_key_env` names a variable the operator
 # adds to the function (docs/deploy.md says how). (file, the expression holding the name)
@@ -237,21 +250,36 @@ def test_template_sets_only_what_is_read(logical_id: str) -> None:
 
 
 def test_component_variables_are_real() -> None:
-    """The names credited to Powertools are Powertools' own, so a typo there fails too."""
+    """The names credited to Powertools are Powertools' own, and those credited to botocore are
+    the service-specific endpoint variables botocore reads for that client, so a typo fails."""
+    from botocore.configprovider import ConfiguredEndpointProvider
+
     known = {v for v in vars(powertools_constants).values() if isinstance(v, str)}
     for name, component in READ_BY_COMPONENT.items():
         if component == "powertools":
             assert name in known, f"{name} is not a Powertools setting"
+        elif component.startswith("botocore:"):
+            client = component.split(":", 1)[1]
+            found = ConfiguredEndpointProvider({}, {}, client, {name: "https://x.example"})
+            assert found.provide() == "https://x.example", f"botocore's {client} ignores {name}"
         else:
             assert name.startswith(("AWS_LWA_", "AWS_LAMBDA_EXEC_WRAPPER")), name
 
 
 def test_streaming_settings_agree() -> None:
-    """The URL streams, the adapter streams, and the handler is the adapter's script."""
+    """Both front doors stream, the adapter streams, and the handler is the adapter's script."""
     template = load_template()
     env = function_env(template, "GatewayFunction")
-    url = template["Resources"]["GatewayFunctionUrl"]["Properties"]
+    resources = template["Resources"]
+    url = resources["GatewayFunctionUrl"]["Properties"]
     assert url["InvokeMode"] == "RESPONSE_STREAM"
+    for method in ("GatewayApiProxyMethod", "GatewayApiRootMethod"):
+        integration = resources[method]["Properties"]["Integration"]
+        assert integration["Type"] == "AWS_PROXY"
+        assert integration["ResponseTransferMode"] == "STREAM"
+        assert integration["Uri"]["Fn::Sub"].endswith(
+            "/2021-11-15/functions/${GatewayFunction.Arn}/response-streaming-invocations"
+        )
     assert env["AWS_LWA_INVOKE_MODE"] == "response_stream"
     assert env["AWS_LAMBDA_EXEC_WRAPPER"] == "/opt/bootstrap"
     props = template["Resources"]["GatewayFunction"]["Properties"]
