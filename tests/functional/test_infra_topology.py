@@ -227,6 +227,12 @@ def test_no_vpc() -> None:
     assert cache["MajorEngineVersion"] == "9"  # public endpoints: Valkey 9.0 or later
     assert "SubnetIds" not in cache and "SecurityGroupIds" not in cache
     assert "UserGroupId" in cache  # a public endpoint takes IAM-authenticated users only
+    for role in ("GatewayRole", "RollupRole"):
+        names = [p["PolicyName"] for p in r.resources[role]["Properties"]["Policies"]]
+        assert "vpc-network-interfaces" not in names and "budget-cache" in names
+    vpc = render(Egress="nat")
+    names = [p["PolicyName"] for p in vpc.resources["GatewayRole"]["Properties"]["Policies"]]
+    assert "vpc-network-interfaces" in names
 
 
 @pytest.mark.parametrize("egress", TOPOLOGIES)
