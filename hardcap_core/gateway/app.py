@@ -14,7 +14,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -38,8 +37,9 @@ from hardcap_core.gateway.request_id import RequestIdMiddleware, request_id
 from hardcap_core.ledger import Ledger
 from hardcap_core.ledger.connection import connect
 from hardcap_core.logs import logger
-from hardcap_core.providers.http import make_http_client
+from hardcap_core.providers.http import make_transport
 from hardcap_core.providers.registry import providers_for
+from hardcap_core.providers.transport import Transport
 from hardcap_core.wire.anthropic_count import count_tokens_reply
 from hardcap_core.wire.anthropic_messages import AnthropicMessages
 from hardcap_core.wire.anthropic_request import parse_messages_request
@@ -60,7 +60,7 @@ class Runtime:
         self,
         config: Config,
         ledger_client: Any = None,
-        http_client: httpx.AsyncClient | None = None,
+        http_client: Transport | None = None,
     ) -> None:
         self.config = config
         self._ledger_client = ledger_client
@@ -86,7 +86,7 @@ class Runtime:
             except LedgerUnavailable as e:
                 raise ServiceUnavailable("The budget server is unreachable.") from e
         self._ledger_client = client
-        self._http_client = self._http_client or make_http_client()
+        self._http_client = self._http_client or make_transport()
         ledger, fallback = _ledger(client, self.config)
         providers = providers_for(self.config, self._http_client)
         return Gateway(self.config, ledger, providers, fallback)
@@ -111,7 +111,7 @@ def _ledger(client: Any, config: Config) -> tuple[Ledger, SettleFallback | None]
 
 
 def create_app(
-    config: Config, *, ledger_client: Any = None, http_client: httpx.AsyncClient | None = None
+    config: Config, *, ledger_client: Any = None, http_client: Transport | None = None
 ) -> Starlette:
     """The gateway app for ``config``; pass clients to share or inject them (tests, benchmarks)."""
     runtime = Runtime(config, ledger_client, http_client)

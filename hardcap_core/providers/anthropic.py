@@ -15,8 +15,6 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-import httpx
-
 from hardcap_core.chat import ANTHROPIC_MESSAGES, ChatRequest
 from hardcap_core.config import Route
 from hardcap_core.errors import UpstreamMalformed
@@ -24,6 +22,7 @@ from hardcap_core.events import Completion, Read
 from hardcap_core.providers.anthropic_events import MessageDecoder, completion
 from hardcap_core.providers.anthropic_request import ANTHROPIC_VERSION, messages_body
 from hardcap_core.providers.http import open_sse, post, send_json
+from hardcap_core.providers.transport import Transport, UpstreamRequest
 
 DIALECT = ANTHROPIC_MESSAGES
 
@@ -33,7 +32,7 @@ class AnthropicMessages:
 
     dialect = DIALECT
 
-    def __init__(self, http: httpx.AsyncClient, *, chars_per_token: float = 4.0) -> None:
+    def __init__(self, http: Transport, *, chars_per_token: float = 4.0) -> None:
         self.client = http
         self.chars_per_token = chars_per_token
 
@@ -54,7 +53,7 @@ class AnthropicMessages:
         return open_sse(self.client, self._request(route, body, stream=True), route.name,
                         decoder.event)  # fmt: skip
 
-    def _request(self, route: Route, body: dict[str, Any], *, stream: bool) -> httpx.Request:
+    def _request(self, route: Route, body: dict[str, Any], *, stream: bool) -> UpstreamRequest:
         headers = {
             "content-type": "application/json",
             "accept": "text/event-stream" if stream else "application/json",
@@ -66,4 +65,4 @@ class AnthropicMessages:
         if key:
             headers["x-api-key"] = key
         url = route.upstream.base_url.rstrip("/") + "/messages"
-        return post(self.client, url, headers, body, route.upstream.timeout_seconds)
+        return post(url, headers, body, route.upstream.timeout_seconds)

@@ -41,7 +41,7 @@ from hardcap_core.events import Completion, Event, FinishReason, Output, OutputK
 from hardcap_core.logs import logger
 from hardcap_core.providers.bedrock_errors import call_error, event_error, transport_failure
 from hardcap_core.providers.bedrock_request import converse_params
-from hardcap_core.providers.http import CONNECT_TIMEOUT_S
+from hardcap_core.providers.transport import CONNECT_TIMEOUT_S
 from hardcap_core.tokens import streamed_tokens, text_tokens
 
 DIALECT = BEDROCK_CONVERSE

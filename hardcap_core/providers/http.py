@@ -1,5 +1,5 @@
-"""The HTTP client shared by every provider, and the one boundary where httpx's errors and a
-provider's error statuses become errors a client can act on."""
+"""The HTTP client shared by every provider, and the one boundary where a transport's errors
+and a provider's error statuses become errors a client can act on."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
-
-import httpx
 
 from hardcap_core import sse
 from hardcap_core.errors import (
@@ -21,33 +19,45 @@ from hardcap_core.errors import (
 )
 from hardcap_core.events import Event, Read
 from hardcap_core.logs import logger
+from hardcap_core.providers.transport import (
+    BadResponse,
+    StreamReply,
+    TimedOut,
+    Transport,
+    TransportError,
+    UpstreamRequest,
+)
 
 # Provider errors a client can fix or act on are passed on with their status; anything else
 # (a wrong provider key, a provider outage) is the gateway's problem: 502.
 PASS_THROUGH = {400: InvalidRequest, 422: InvalidRequest, 429: TooManyRequests}
-CONNECT_TIMEOUT_S = 10.0
 
 
-def make_http_client() -> httpx.AsyncClient:
-    """The process-wide client: pooled keep-alive connections to every provider."""
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(300.0, connect=CONNECT_TIMEOUT_S),
-        limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
-    )
+def make_transport() -> Transport:
+    """The process-wide transport: pooled keep-alive connections to every provider."""
+    from hardcap_core.providers.http11 import Http11Transport
+
+    return Http11Transport()
 
 
-def transport_error(upstream: str, e: httpx.HTTPError) -> GatewayError:
+def transport_error(upstream: str, e: TransportError) -> GatewayError:
     """A failure to reach the provider, or to get its answer in time, before any reply."""
-    if isinstance(e, httpx.TimeoutException):
+    if isinstance(e, TimedOut):
         return UpstreamTimeout(f"The provider for '{upstream}' did not answer in time.")
+    if isinstance(e, BadResponse):
+        return UpstreamMalformed(
+            f"The provider for '{upstream}' sent a reply the gateway cannot read."
+        )
     return UpstreamFailed(f"The provider for '{upstream}' could not be reached.")
 
 
-def stream_error(e: httpx.HTTPError) -> GatewayError:
+def stream_error(e: TransportError) -> GatewayError:
     """A failure of the connection while the provider was streaming."""
-    if isinstance(e, httpx.TimeoutException):
+    if isinstance(e, TimedOut):
         return UpstreamTimeout("The provider stopped sending in time.")
-    logger.warning("stream failed", extra={"error": type(e).__name__})
+    logger.warning("stream failed", extra={"error": type(e).__name__, "detail": str(e)})
+    if isinstance(e, BadResponse):
+        return UpstreamMalformed("The provider sent a stream the gateway cannot read.")
     return UpstreamFailed("The provider connection failed mid-stream.")
 
 
@@ -65,34 +75,23 @@ def status_error(upstream: str, status: int, content: bytes) -> GatewayError:
     return cls(message, code=code)
 
 
-def post(
-    client: httpx.AsyncClient,
-    url: str,
-    headers: Mapping[str, str],
-    body: Any,
-    timeout_s: float,
-) -> httpx.Request:
-    """A JSON POST with the upstream's timeout (and the shared connect timeout)."""
-    timeout = httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S)
-    return client.build_request(
-        "POST", url, headers=dict(headers), content=json.dumps(body), timeout=timeout
-    )
+def post(url: str, headers: Mapping[str, str], body: Any, timeout_s: float) -> UpstreamRequest:
+    """A JSON POST; ``timeout_s`` bounds each wait for the provider's next bytes."""
+    return UpstreamRequest(url, headers, json.dumps(body).encode(), timeout_s)
 
 
-async def send_json(
-    client: httpx.AsyncClient, request: httpx.Request, route: str
-) -> dict[str, Any]:
+async def send_json(transport: Transport, request: UpstreamRequest, route: str) -> dict[str, Any]:
     """Send a whole-reply request; its JSON object. A refusal or no answer raises the error
     the client gets; a 200 whose body is not a JSON object raises :class:`UpstreamMalformed`
     (the provider generated, and bills, it)."""
     try:
-        response = await client.send(request)
-    except httpx.HTTPError as e:
+        reply = await transport.send(request)
+    except TransportError as e:
         raise transport_error(route, e) from e
-    if response.status_code >= 400:
-        raise status_error(route, response.status_code, response.content)
+    if reply.status >= 400:
+        raise status_error(route, reply.status, reply.body)
     try:
-        data = response.json()
+        data = json.loads(reply.body)
     except ValueError as e:
         raise UpstreamMalformed(f"Provider for '{route}' sent invalid JSON.") from e
     if not isinstance(data, dict):
@@ -102,8 +101,8 @@ async def send_json(
 
 @asynccontextmanager
 async def open_sse(
-    client: httpx.AsyncClient,
-    request: httpx.Request,
+    transport: Transport,
+    request: UpstreamRequest,
     route: str,
     decode: Callable[[str], Event],
 ) -> AsyncIterator[AsyncIterator[Read]]:
@@ -111,29 +110,33 @@ async def open_sse(
     client gets), yields one batch of ``decode``d events per network read, and closes the
     connection on exit so the provider stops generating."""
     try:
-        response = await client.send(request, stream=True)
-    except httpx.HTTPError as e:
+        opened = transport.stream(request)
+        response = await opened.__aenter__()
+    except TransportError as e:
         raise transport_error(route, e) from e
     reads = _sse_reads(response, decode)
     try:
-        if response.status_code >= 400:
-            raise status_error(route, response.status_code, await response.aread())
+        if response.status >= 400:
+            try:
+                content = await response.aread()
+            except TransportError:
+                content = b""
+            raise status_error(route, response.status, content)
         yield reads
     finally:
         await reads.aclose()
-        await response.aclose()
+        await opened.__aexit__(None, None, None)
 
 
 async def _sse_reads(
-    response: httpx.Response, decode: Callable[[str], Event]
+    response: StreamReply, decode: Callable[[str], Event]
 ) -> AsyncGenerator[Read, None]:
-    """One batch of events per network read. ``aiter_bytes`` undoes any content encoding a
-    provider applied although we asked for none."""
+    """One batch of events per wake-up: everything that arrived since the last."""
     parser = sse.SSEParser()
     try:
-        async for piece in response.aiter_bytes():
+        async for piece in response.reads():
             yield [decode(data) for data in parser.feed(piece)]
-    except httpx.HTTPError as e:
+    except TransportError as e:
         raise stream_error(e) from e
     tail = [decode(data) for data in parser.flush()]
     if tail:

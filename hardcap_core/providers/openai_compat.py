@@ -27,14 +27,13 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-import httpx
-
 from hardcap_core import sse
 from hardcap_core.chat import ANTHROPIC_MESSAGES, OPENAI_CHAT, ChatRequest
 from hardcap_core.config import Route
 from hardcap_core.errors import UpstreamMalformed
 from hardcap_core.events import Completion, Event, FinishReason, Output, OutputKind, Read, Usage
 from hardcap_core.providers.http import open_sse, post, send_json
+from hardcap_core.providers.transport import Transport, UpstreamRequest
 from hardcap_core.tokens import streamed_tokens, text_tokens
 
 DIALECT = OPENAI_CHAT
@@ -80,7 +79,7 @@ class OpenAICompatible:
 
     dialect = DIALECT
 
-    def __init__(self, client: httpx.AsyncClient, *, chars_per_token: float = 4.0) -> None:
+    def __init__(self, client: Transport, *, chars_per_token: float = 4.0) -> None:
         self.client = client
         self.chars_per_token = chars_per_token
 
@@ -128,7 +127,7 @@ class OpenAICompatible:
             body["stream_options"] = {**options, "include_usage": True}
         return body
 
-    def _request(self, route: Route, body: dict[str, Any], *, stream: bool) -> httpx.Request:
+    def _request(self, route: Route, body: dict[str, Any], *, stream: bool) -> UpstreamRequest:
         headers = {"content-type": "application/json", "accept": "application/json"}
         if stream:
             # The stream is parsed as it arrives: compression would only add buffering.
@@ -138,7 +137,7 @@ class OpenAICompatible:
         if key:
             headers["authorization"] = f"Bearer {key}"
         url = route.upstream.base_url.rstrip("/") + "/chat/completions"
-        return post(self.client, url, headers, body, route.upstream.timeout_seconds)
+        return post(url, headers, body, route.upstream.timeout_seconds)
 
     # -- stream decoding ------------------------------------------------------------------------
 

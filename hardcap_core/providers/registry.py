@@ -10,15 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import httpx
-
 from hardcap_core.config import Config
 from hardcap_core.errors import ConfigError
 from hardcap_core.providers.base import Provider
 from hardcap_core.providers.openai_compat import OpenAICompatible
+from hardcap_core.providers.transport import Transport
 
 
-def providers_for(config: Config, http: httpx.AsyncClient) -> Mapping[str, Provider]:
+def providers_for(config: Config, http: Transport) -> Mapping[str, Provider]:
     """A provider for every kind of upstream in ``config``, keyed by kind."""
     kinds = {u.kind for u in config.upstreams.values()}
     cpt = config.gateway.chars_per_token

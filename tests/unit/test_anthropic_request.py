@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-import httpx
 import pytest
 
 from hardcap_core.chat import ChatRequest
 from hardcap_core.errors import InvalidRequest
 from hardcap_core.providers.anthropic import AnthropicMessages
 from hardcap_core.providers.anthropic_request import messages_body
+from hardcap_core.providers.transport import CallbackTransport, Reply
 
 
 def request(**body: Any) -> ChatRequest:
@@ -182,16 +183,11 @@ async def test_the_request_carries_the_key_and_version_headers(
                     "price": {"input_per_million": 1, "output_per_million": 1}}],
         "tenants": [{"id": "t", "keys": [{"id": "k", "hash": hash_key("sk-x")}]}],
     })  # fmt: skip
-    seen: list[httpx.Request] = []
-
-    def answer(r: httpx.Request) -> httpx.Response:
-        seen.append(r)
-        return httpx.Response(200, json={"type": "message", "content": [], "usage": {}})
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
-        await AnthropicMessages(http).complete(config.routes["r"], request(), 50)
-    (sent,) = seen
-    assert str(sent.url) == "https://api.test/v1/messages"
+    body = json.dumps({"type": "message", "content": [], "usage": {}}).encode()
+    http = CallbackTransport(lambda _: Reply(200, {}, body))
+    await AnthropicMessages(http).complete(config.routes["r"], request(), 50)
+    (sent,) = http.sent
+    assert sent.url == "https://api.test/v1/messages"
     assert sent.headers["x-api-key"] == "sk-ant-1"
     assert sent.headers["anthropic-version"] == "2023-06-01"
     assert "authorization" not in sent.headers

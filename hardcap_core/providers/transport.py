@@ -1,0 +1,134 @@
+"""How a provider's request reaches its upstream: the transport interface and its errors.
+
+A provider builds an :class:`UpstreamRequest` and hands it to a :class:`Transport`; the gateway
+ships :class:`~hardcap_core.providers.http11.Http11Transport`, and tests inject
+:class:`CallbackTransport` (an answer computed in-process) instead of patching anything. A
+transport raises only the :class:`TransportError` kinds below; what a client sees for each is
+decided once, in :mod:`hardcap_core.providers.http`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Protocol
+
+CONNECT_TIMEOUT_S = 10.0  # to open a connection; what comes after is the request's timeout
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamRequest:
+    """A POST to an upstream: ``timeout_s`` bounds each wait for the upstream's next bytes
+    (the connection has its own, shorter, connect timeout)."""
+
+    url: str
+    headers: Mapping[str, str]
+    body: bytes
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A whole reply: status, headers (names lower-cased) and the decoded body."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+class StreamReply(Protocol):
+    """A reply whose body is read as it arrives."""
+
+    status: int
+    headers: Mapping[str, str]
+
+    def reads(self) -> AsyncIterator[bytes]:
+        """The body, decoded, in pieces: everything that had arrived by each wake-up."""
+        ...
+
+    async def aread(self) -> bytes:
+        """The rest of the body at once (an error reply's)."""
+        ...
+
+
+class Transport(Protocol):
+    async def send(self, request: UpstreamRequest) -> Reply:
+        """Send ``request`` and read its whole reply."""
+        ...
+
+    def stream(self, request: UpstreamRequest) -> AbstractAsyncContextManager[StreamReply]:
+        """Send ``request``; entering returns once the status and headers arrived; leaving
+        closes the connection unless the body was read to its end (then it is reused)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class TransportError(Exception):
+    """The upstream could not be reached, or its connection failed."""
+
+
+class ConnectFailed(TransportError):
+    """No connection to the upstream (refused, unresolvable, TLS failed, connect timed out)."""
+
+
+class TimedOut(TransportError):
+    """Connected, but the upstream sent nothing within the request's timeout."""
+
+
+class ConnectionLost(TransportError):
+    """The connection closed or reset before the reply ended."""
+
+
+class BadResponse(TransportError):
+    """Bytes that are not HTTP/1.1, or a body in an encoding the gateway cannot decode."""
+
+
+Answer = Callable[[UpstreamRequest], Reply | tuple[int, Mapping[str, str], Sequence[bytes]]]
+
+
+class CallbackTransport:
+    """A transport that answers in-process: ``answer`` returns a :class:`Reply`, or a status,
+    headers and the body's pieces (each piece is one read of a stream). It may raise a
+    :class:`TransportError`. For tests, and for embedding an upstream in the same process."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.sent: list[UpstreamRequest] = []
+
+    def _reply(self, request: UpstreamRequest) -> tuple[int, Mapping[str, str], Sequence[bytes]]:
+        self.sent.append(request)
+        out = self.answer(request)
+        if isinstance(out, Reply):
+            return out.status, out.headers, [out.body]
+        return out
+
+    async def send(self, request: UpstreamRequest) -> Reply:
+        status, headers, pieces = self._reply(request)
+        return Reply(status, dict(headers), b"".join(pieces))
+
+    @asynccontextmanager
+    async def stream(self, request: UpstreamRequest) -> AsyncIterator[StreamReply]:
+        status, headers, pieces = self._reply(request)
+        yield _Pieces(status, dict(headers), list(pieces))
+
+    async def aclose(self) -> None:
+        return None
+
+
+class _Pieces:
+    def __init__(self, status: int, headers: Mapping[str, str], pieces: list[bytes]) -> None:
+        self.status = status
+        self.headers = headers
+        self._pieces = pieces
+
+    async def reads(self) -> AsyncIterator[bytes]:
+        while self._pieces:
+            piece = self._pieces.pop(0)
+            if piece:
+                yield piece
+
+    async def aread(self) -> bytes:
+        rest, self._pieces = b"".join(self._pieces), []
+        return rest
