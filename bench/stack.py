@@ -147,6 +147,25 @@ def gateways(
         yield started
 
 
+@contextmanager
+def gateways_with_env(
+    data: dict[str, Any],
+    count: int,
+    tmp: Path,
+    env: dict[str, str],
+    *,
+    hiredis: bool = True,
+    fast_server: bool = True,
+    log_level: str = "WARNING",
+) -> Iterator[list[Service]]:
+    """:func:`gateways` with ``env`` added to the gateways' environment (last, so it wins):
+    a benchmark measures a variant (another upstream transport, say) without a code change."""
+    launch = _gateway_launch(hiredis=hiredis, fast_server=fast_server, log_level=log_level)
+    launch["env"] = {**launch["env"], **env}
+    with local_stack.gateways(data, count, tmp, **launch) as started:
+        yield started
+
+
 def parser_in_use(service: Service, timeout_s: float = 5.0) -> str:
     """The RESP parser class the gateway's first Redis connection used (after one request)."""
     return _reported(service, PARSER_LINE, timeout_s)

@@ -1,0 +1,652 @@
+"""What the gateway adds, measured with wrk (a C load generator), beside the direct call, a bare
+Starlette app and bare Starlette proxies over each candidate HTTP client, in one run.
+
+Set-up: a private Valkey, the mock upstream at pace 0, ONE ``hardcap serve`` worker (uvloop +
+httptools + hiredis, as shipped; ``--gateway-env KEY=VALUE`` adds to its environment, so a
+variant can be measured), and the reference apps of bench/bare_apps.py, each in its own
+uvicorn process (uvloop + httptools). Targets (``--targets``):
+
+* ``direct``: the mock itself; ``bare``: a Starlette app answering fixed JSON;
+* ``httpx``, ``httpx_aiohttp``, ``aiohttp``, ``httpx2``: bare proxies to the mock;
+* ``gateway``: the p95-estimator route, a tenant with budget and rate limits (the full path).
+
+Measurements, in alternating blocks (every round visits every target in turn, the order
+rotated each round, so all see the same machine): (i) ``latency``: non-streamed 1-token
+completions at ONE connection (``wrk -c1 -t1``), p50/p90/p99/mean, reported as the target's
+minus the direct call's in the same round; (ii) ``saturation``: requests/s at
+``--connections`` (16) connections, the ratio to the bare app in the same round, and the CPU
+seconds every process used (gateway CPU / requests is the machine-independent figure: wrk
+and the mock share this machine's cores); (iii) ``stream``: a ``--stream-tokens`` (200)
+token stream at one connection: added p50 to the last byte and CPU µs per relayed token.
+Latency and stream blocks read and check every response (bench/wrk/check.lua: status, the
+usage's completion_tokens, [DONE]); saturation blocks count wrk's non-2xx and socket errors.
+Any error is reported in the table, never dropped. A block during which other processes took
+more than a quarter of the machine is run again (up to twice). Figures are medians over
+rounds. ``--profile`` records py-spy flame graphs of the gateway under saturation load,
+non-streamed and streamed (bench/results/profile-gateway*.svg).
+
+    PYTHONPATH=. flock /tmp/hardcap-bench.lock .venv/bin/python bench/wrk_overhead.py --rounds 3
+    PYTHONPATH=. flock /tmp/hardcap-bench.lock .venv/bin/python bench/wrk_overhead.py --quick
+    PYTHONPATH=. flock /tmp/hardcap-bench.lock .venv/bin/python bench/wrk_overhead.py \
+        --rounds 0 --profile   # flame graphs only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm  # type: ignore[import-untyped]
+
+from bench import stack
+from bench.harness import chat_body
+from bench.machine import CpuWatch, machine_info, process_cpu_seconds, write_json
+from hardcap_core.local import stack as local_stack
+from hardcap_core.local.valkey import LocalValkey, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+WRK_DIR = ROOT / "bench" / "wrk"
+TENANT = "bench"
+TARGETS = ("direct", "bare", "httpx", "httpx_aiohttp", "aiohttp", "httpx2", "gateway")
+PROXIES = ("httpx", "httpx_aiohttp", "aiohttp", "httpx2")
+KINDS = ("latency", "saturation", "stream")
+CONTENDED = 0.25  # share of the machine other processes took during a block: run it again
+RETRIES_CONTENDED = 3
+QUIET, QUIET_WAIT_S = 0.10, 10.0  # before a block: wait up to 10 s for others to take < 10 %
+CLIENT_PACKAGES: tuple[str, ...] = ("httpx", "httpx2", "httpcore", "httpcore2", "aiohttp")
+CLIENT_PACKAGES += ("httpx-aiohttp", "uvloop", "httptools", "orjson", "wrk")
+ROUTES = [
+    stack.mock_route("p95", estimator={"kind": "p95", "min_samples": 50}, max_output_tokens=1024)
+]
+
+
+@dataclass
+class Target:
+    name: str
+    url: str  # the chat completions URL
+    pid: int
+    proc_name: str  # the key of its process in the CPU figures
+    model: str
+    key: str | None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="2 s blocks, 1 round (a smoke run)")
+    p.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated, of {TARGETS}")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--block-seconds", type=float, default=7.0)
+    p.add_argument("--connections", type=int, default=16, help="saturation blocks")
+    p.add_argument("--wrk-threads", type=int, default=1, help="saturation blocks")
+    p.add_argument("--stream-tokens", type=int, default=200)
+    p.add_argument("--log-level", default="INFO", help="gateway POWERTOOLS_LOG_LEVEL")
+    p.add_argument("--gateway-env", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--gateway-tree",
+        metavar="REV",
+        help="run the gateway from `git archive REV` (say HEAD) instead of the working tree",
+    )
+    p.add_argument("--profile", action="store_true", help="py-spy flame graphs of the gateway")
+    p.add_argument("--profile-seconds", type=int, default=15)
+    p.add_argument("--profile-rate", type=int, default=250)
+    p.add_argument("--py-spy-nonblocking", action="store_true", help="do not pause the gateway")
+    p.add_argument("--plot", action="store_true")
+    p.add_argument("--out", type=Path)
+    ns = p.parse_args(argv)
+    if ns.quick:
+        ns.block_seconds, ns.rounds = 2.0, 1
+    ns.targets = [t for t in ns.targets.split(",") if t]
+    unknown = set(ns.targets) - set(TARGETS)
+    if unknown:
+        p.error(f"unknown targets {sorted(unknown)}")
+    if "direct" not in ns.targets:
+        ns.targets.insert(0, "direct")  # every added figure is against it
+    if ns.profile and "gateway" not in ns.targets:
+        p.error("--profile needs the gateway target")
+    ns.gateway_env = dict(kv.split("=", 1) for kv in ns.gateway_env)
+    return ns
+
+
+def kind_targets(kind: str, targets: list[str]) -> list[str]:
+    """The bare app answers fixed JSON without an upstream: only its throughput is meaningful."""
+    return [t for t in targets if kind == "saturation" or t != "bare"]
+
+
+def config(mock_url: str, redis_url: str) -> dict[str, Any]:
+    data = stack.base_config(mock_url, redis_url)
+    data["routes"] = ROUTES
+    tenant = stack.tenant_entry(TENANT, 10**15, "30d")
+    tenant["rate_limits"] = {"requests_per_minute": 10**8, "tokens_per_minute": 10**12}
+    data["tenants"] = [tenant]
+    return data
+
+
+def start_bare(kind: str, upstream: str, tmp: Path) -> local_stack.Service:
+    """One bench/bare_apps.py app under uvicorn, as the gateway runs (uvloop, httptools)."""
+    port = free_port()
+    args = [sys.executable, "-m", "uvicorn", "--factory", "bench.bare_apps:app"]
+    args += ["--host", "127.0.0.1", "--port", str(port), "--loop", "uvloop", "--http", "httptools"]
+    args += ["--log-level", "warning", "--no-access-log", "--timeout-keep-alive", "75"]
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {"BARE_KIND": kind, "BARE_UPSTREAM": upstream, "PYTHONPATH": pythonpath}
+    return local_stack.launch(kind, args, port, tmp / f"{kind}-{port}.log", env=env, cwd=ROOT)
+
+
+def write_bodies(tmp: Path, tokens: int) -> dict[tuple[str, str], Path]:
+    """Request bodies: (model, shape) -> file, shape one of non_stream, stream, warm."""
+    out = {}
+    for model in ("mock-small", "p95"):
+        shapes = {
+            "non_stream": chat_body(TENANT, model, 1024, "Hi. [mock:tokens=1]", stream=False),
+            "stream": chat_body(TENANT, model, 1024, f"Hi. [mock:tokens={tokens}]", stream=True),
+            "warm": chat_body(TENANT, model, 1024, "Warm.", stream=False),  # log-normal lengths
+        }
+        for shape, body in shapes.items():
+            path = tmp / f"body-{model}-{shape}.json"
+            path.write_text(json.dumps(body))
+            out[(model, shape)] = path
+    return out
+
+
+def _children_cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def wrk_command(
+    target: Target, body: Path, connections: int, threads: int, seconds: float, check: bool
+) -> tuple[list[str], dict[str, str]]:
+    script = WRK_DIR / ("check.lua" if check else "post.lua")
+    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds:g}s", "--latency"]
+    cmd += ["--timeout", "10s", "-s", str(script), target.url]
+    return cmd, {**os.environ, "WRK_BODY": str(body), "WRK_KEY": target.key or ""}
+
+
+def parse_wrk(stdout: str, stderr: str, returncode: int) -> dict[str, Any]:
+    for line in stdout.splitlines():
+        if line.startswith("WRK_JSON "):
+            result: dict[str, Any] = json.loads(line[len("WRK_JSON ") :])
+            result["returncode"] = returncode
+            return result
+    return {"returncode": returncode, "failed": (stdout + stderr)[-2000:], "requests": 0}
+
+
+def run_wrk(
+    target: Target,
+    body: Path,
+    *,
+    connections: int,
+    threads: int,
+    seconds: float,
+    check: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One wrk run; ``check`` (WRK_EXPECT_TOKENS, WRK_STREAM) reads every response."""
+    cmd, env = wrk_command(target, body, connections, threads, seconds, check is not None)
+    env.update(check or {})
+    before = _children_cpu_seconds()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds + 60)
+    result = parse_wrk(proc.stdout, proc.stderr, proc.returncode)
+    result["wrk_cpu_seconds"] = round(_children_cpu_seconds() - before, 3)
+    return result
+
+
+def settle(pids: list[int], timeout_s: float = 20.0) -> float:
+    """Wait until the processes are idle (under 3 % of a core over 0.2 s)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        before = sum(process_cpu_seconds(p) for p in pids)
+        time.sleep(0.2)
+        if sum(process_cpu_seconds(p) for p in pids) - before < 0.006:
+            break
+    return round(time.monotonic() - started, 2)
+
+
+def wait_quiet(pids: dict[str, int], timeout_s: float = QUIET_WAIT_S) -> float:
+    """Wait (up to ``timeout_s``) until other processes take under QUIET of the machine over
+    half a second: tests others run on this machine come and go."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        watch = CpuWatch(pids).start()
+        time.sleep(0.5)
+        if (watch.stop()["other_share"] or 0.0) <= QUIET:
+            break
+    return round(time.monotonic() - started, 1)
+
+
+def block(
+    kind: str,
+    target: Target,
+    bodies: dict[tuple[str, str], Path],
+    pids: dict[str, int],
+    ns: argparse.Namespace,
+) -> dict[str, Any]:
+    """One wrk block of ``kind`` against ``target``, with the CPU every process used."""
+    stream = kind == "stream"
+    tokens = ns.stream_tokens if stream else 1
+    body = bodies[(target.model, "stream" if stream else "non_stream")]
+    connections, threads = (ns.connections, ns.wrk_threads) if kind == "saturation" else (1, 1)
+    retries = 0
+    while True:
+        settled = settle([target.pid, pids["mock"]])
+        quiet = wait_quiet(pids)
+        irq0, watch = _irq_seconds(), CpuWatch(pids).start()
+        res = run_wrk(
+            target, body, connections=connections, threads=threads, seconds=ns.block_seconds
+        )
+        cpu = fold_wrk_cpu(watch.stop(), res["wrk_cpu_seconds"], _irq_seconds() - irq0)
+        if (cpu["other_share"] or 0.0) <= CONTENDED or retries == RETRIES_CONTENDED:
+            break
+        retries += 1
+    n = res.get("requests") or 0
+    row: dict[str, Any] = {
+        "kind": kind,
+        "target": target.name,
+        "connections": connections,
+        "wrk_threads": threads,
+        "reply_tokens": tokens,
+        "wrk": res,
+        "cpu": cpu,
+        "settle_seconds": settled,
+        "quiet_wait_seconds": quiet,
+        "contended_retries": retries,
+        "requests": n,
+        "requests_per_second": round(n / (res["duration_us"] / 1e6), 1) if n else 0.0,
+        "problems": problems(res),
+    }
+    lat = res.get("latency_us") or {}
+    for q, name in (("50", "p50"), ("90", "p90"), ("99", "p99"), ("mean", "mean")):
+        row[f"{name}_ms"] = round(lat[q] / 1000, 3) if q in lat else None
+    seconds = cpu["cpu_seconds"]
+    for proc in ("target", "mock", "wrk"):
+        used = seconds[target.proc_name if proc == "target" else proc]
+        row[f"{proc}_cpu_us_per_request"] = round(used / n * 1e6, 1) if n else None
+    if stream and n:
+        row["target_cpu_us_per_token"] = round(seconds[target.proc_name] / (n * tokens) * 1e6, 2)
+    return row
+
+
+def _irq_seconds() -> float:
+    """CPU seconds the machine spent in hard and soft interrupts since boot (/proc/stat)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return 0.0
+    return (int(fields[5]) + int(fields[6])) / os.sysconf("SC_CLK_TCK")
+
+
+def fold_wrk_cpu(cpu: dict[str, Any], wrk_seconds: float, irq_seconds: float) -> dict[str, Any]:
+    """CpuWatch counts wrk (a child that exited during the block) as another process, and
+    the kernel's interrupt time too; most of that is our own loopback traffic (softirq), so
+    ``other_share`` here leaves both out (``other_share_with_irq`` keeps the interrupts)."""
+    cpu["cpu_seconds"]["wrk"] = round(wrk_seconds, 3)
+    cpu["irq_softirq_seconds"] = round(irq_seconds, 2)
+    if cpu["other_processes_seconds"] is not None:
+        capacity = cpu["wall_seconds"] * (os.cpu_count() or 1)
+        other = max(cpu["other_processes_seconds"] - wrk_seconds, 0.0)
+        cpu["other_share_with_irq"] = round(other / capacity, 3)
+        other = round(max(other - irq_seconds, 0.0), 2)
+        cpu["other_processes_seconds"] = other
+        cpu["other_share"] = round(other / capacity, 3)
+    return cpu
+
+
+def problems(res: dict[str, Any]) -> dict[str, int]:
+    """Every error wrk or check.lua saw in a block (empty: a clean block)."""
+    found = {k: v for k, v in (res.get("errors") or {}).items() if v}
+    check = res.get("check") or {}
+    for k in ("bad_status", "bad_tokens", "no_done"):
+        if check.get(k):
+            found[f"check_{k}"] = check[k]
+    if res.get("returncode") or "failed" in res:
+        found["wrk_failed"] = 1
+    return found
+
+
+def _median(values: list[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return round(statistics.median(got), 3) if got else None
+
+
+def summarise(rows: list[dict[str, Any]], targets: list[str]) -> dict[str, dict[str, Any]]:
+    """Per target: medians over rounds; added = target minus direct in the same round."""
+    by = {(r["round"], r["kind"], r["target"]): r for r in rows}
+    rounds = sorted({r["round"] for r in rows})
+    out: dict[str, dict[str, Any]] = {}
+    for t in targets:
+        s: dict[str, Any] = {"problems": {}}
+        for kind, prefix in (("latency", ""), ("saturation", "sat_"), ("stream", "stream_")):
+            mine = [by[(rnd, kind, t)] for rnd in rounds if (rnd, kind, t) in by]
+            if not mine:
+                continue
+            fields = ["p50_ms", "p90_ms", "p99_ms", "mean_ms", "requests_per_second"]
+            fields += ["target_cpu_us_per_request", "mock_cpu_us_per_request"]
+            fields += ["wrk_cpu_us_per_request", "target_cpu_us_per_token"]
+            for f in fields:
+                s[prefix + f] = _median([r.get(f) for r in mine])
+            for q in ("p50_ms", "p90_ms", "p99_ms", "mean_ms"):
+                diffs = []
+                for r in mine:
+                    base = by.get((r["round"], kind, "direct"))
+                    if base and r.get(q) is not None and base.get(q) is not None:
+                        diffs.append(r[q] - base[q])
+                s[f"{prefix}added_{q}"] = _median(diffs)
+            if kind == "saturation":
+                ratios = []
+                for r in mine:
+                    bare = by.get((r["round"], kind, "bare"))
+                    if bare and bare["requests_per_second"]:
+                        ratios.append(r["requests_per_second"] / bare["requests_per_second"])
+                s["sat_ratio_to_bare"] = _median(ratios)
+            for r in mine:
+                for k, v in r["problems"].items():
+                    s["problems"][f"{kind}:{k}"] = s["problems"].get(f"{kind}:{k}", 0) + v
+        lat, strm = s.get("target_cpu_us_per_request"), s.get("stream_target_cpu_us_per_request")
+        tokens = next((r["reply_tokens"] for r in rows if r["kind"] == "stream"), None)
+        if lat is not None and strm is not None and tokens:
+            # The stream's CPU beyond a 1-token request's, both at one connection: per token.
+            s["stream_marginal_cpu_us_per_token"] = round((strm - lat) / (tokens - 1), 2)
+        out[t] = s
+    return out
+
+
+def verify(
+    target: Target, bodies: dict[tuple[str, str], Path], tokens: int, seconds: float
+) -> dict[str, Any]:
+    """Every response read and checked (bench/wrk/check.lua) for a while at one connection,
+    non-streamed and streamed: status, completion_tokens, [DONE] and the SSE event count.
+    Measured blocks do not read bodies (that costs wrk CPU a 2-core box cannot spare); they
+    count wrk's non-2xx and socket errors only."""
+    out = {}
+    shapes = [("non_stream", 1)] + ([] if target.name == "bare" else [("stream", tokens)])
+    for shape, expect in shapes:
+        check = {"WRK_EXPECT_TOKENS": str(expect), "WRK_STREAM": "1" if shape == "stream" else "0"}
+        body = bodies[(target.model, shape)]
+        res = run_wrk(target, body, connections=1, threads=1, seconds=seconds, check=check)
+        out[shape] = {"requests": res.get("requests"), "check": res.get("check")}
+        out[shape]["problems"] = problems(res)
+    return out
+
+
+def warm(target: Target, bodies: dict[tuple[str, str], Path], seconds: float) -> dict[str, Any]:
+    """Open the pools and, for the gateway, fill the p95 estimator's sample (>= 50 replies
+    of log-normal length), so measured blocks see the steady state."""
+    shape = "warm" if target.name == "gateway" else "non_stream"
+    res = run_wrk(target, bodies[(target.model, shape)], connections=8, threads=1, seconds=seconds)
+    return {"requests": res.get("requests"), "problems": problems(res)}
+
+
+def profile(
+    kind: str,
+    gateway: Target,
+    bodies: dict[tuple[str, str], Path],
+    out: Path,
+    ns: argparse.Namespace,
+) -> dict[str, Any]:
+    """py-spy flame graph of the gateway while wrk drives it at ``--connections``."""
+    shape = "stream" if kind == "stream" else "non_stream"
+    seconds = ns.profile_seconds + 5
+    cmd, env = wrk_command(gateway, bodies[("p95", shape)], ns.connections, 1, seconds, False)
+    spy = [str(Path(sys.executable).parent / "py-spy"), "record", "--format", "flamegraph"]
+    spy += ["-o", str(out), "--pid", str(gateway.pid), "--rate", str(ns.profile_rate)]
+    spy += ["--duration", str(ns.profile_seconds)]
+    if ns.py_spy_nonblocking:
+        spy.append("--nonblocking")
+    load = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2.0)
+        recorded = subprocess.run(
+            spy, capture_output=True, text=True, timeout=ns.profile_seconds + 60
+        )
+    finally:
+        stdout, stderr = load.communicate(timeout=seconds + 60)
+    res = parse_wrk(stdout, stderr, load.returncode)
+    return {
+        "kind": kind,
+        "svg": str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else str(out),
+        "py_spy_command": " ".join(spy[1:]),
+        "py_spy_returncode": recorded.returncode,
+        "py_spy_output": (recorded.stdout + recorded.stderr)[-1500:],
+        "wrk_requests_per_second": round(res["requests"] / (res["duration_us"] / 1e6), 1)
+        if res.get("requests")
+        else 0.0,
+        "wrk_problems": problems(res),
+        "note": "throughput while py-spy samples"
+        + ("" if ns.py_spy_nonblocking else " (it pauses the process for each sample)"),
+    }
+
+
+def export_tree(rev: str, dest: Path) -> dict[str, str]:
+    """``git archive rev`` unpacked at ``dest``: a gateway that others' edits in progress in
+    the working tree cannot change (or break) during a run."""
+    commit = subprocess.run(
+        ["git", "rev-parse", rev], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return {"rev": rev, "commit": commit, "path": str(dest)}
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for package in CLIENT_PACKAGES:
+        if package == "wrk":
+            out[package] = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout
+            out[package] = (out[package] or "").splitlines()[0] if out[package] else None
+            continue
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            out[package] = None
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    default = "wrk-profile.json" if ns.rounds == 0 else "wrk-overhead.json"
+    out = ns.out or RESULTS / (default.replace(".json", "-quick.json") if ns.quick else default)
+    result: dict[str, Any] = {
+        "benchmark": "wrk_overhead",
+        "command": "PYTHONPATH=. python bench/wrk_overhead.py " + " ".join(argv or sys.argv[1:]),
+        "complete": False,
+        "machine": machine_info(),
+        "versions": versions(),
+        "parameters": {
+            **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(ns).items()},
+            "mock_pace_ms": 0,
+            "gateway_processes": 1,
+            "routes": ROUTES,
+            "contended_share": CONTENDED,
+        },
+    }
+    started = time.monotonic()
+    plan = [
+        (rnd, kind, t)
+        for rnd in range(ns.rounds)
+        for kind in KINDS
+        for t in rotated(kind_targets(kind, ns.targets), rnd)
+    ]
+    with ExitStack() as es:
+        tmp = Path(es.enter_context(tempfile.TemporaryDirectory(prefix="hardcap-wrk-")))
+        vk = es.enter_context(LocalValkey())
+        mock = stack.start_mock(tmp, pace_ms=0.0, seed=11)
+        es.callback(mock.stop)
+        mock_chat = f"{mock.url}/v1/chat/completions"
+        pids = {"mock": mock.proc.pid, "valkey": vk.proc.pid if vk.proc else 0}
+        targets: dict[str, Target] = {}
+        if "direct" in ns.targets:
+            targets["direct"] = Target(
+                "direct", mock_chat, mock.proc.pid, "mock", "mock-small", None
+            )
+        for name in ns.targets:
+            if name in ("bare", *PROXIES):
+                svc = start_bare("fixed" if name == "bare" else name, mock_chat, tmp)
+                es.callback(svc.stop)
+                pids[name] = svc.proc.pid
+                targets[name] = Target(
+                    name, f"{svc.url}/v1/chat/completions", svc.proc.pid, name, "mock-small", None
+                )
+        if "gateway" in ns.targets:
+            if ns.gateway_tree:
+                tree = export_tree(ns.gateway_tree, tmp / "gateway-tree")
+                result["gateway_tree"] = tree
+                ns.gateway_env.setdefault("PYTHONPATH", f"{tree['path']}{os.pathsep}{ROOT}")
+            gws = es.enter_context(
+                stack.gateways_with_env(
+                    config(mock.url, vk.url), 1, tmp, ns.gateway_env, log_level=ns.log_level
+                )
+            )
+            pids["gateway"] = gws[0].proc.pid
+            targets["gateway"] = Target(
+                "gateway",
+                f"{gws[0].url}/v1/chat/completions",
+                gws[0].proc.pid,
+                "gateway",
+                "p95",
+                stack.tenant_key(TENANT),
+            )
+        bodies = write_bodies(tmp, ns.stream_tokens)
+        result["warm"] = {
+            n: warm(t, bodies, 3.0 if n == "gateway" else 1.0 if ns.quick else 2.0)
+            for n, t in targets.items()
+        }
+        check_s = 1.0
+        result["checks_before"] = {
+            n: verify(t, bodies, ns.stream_tokens, check_s) for n, t in targets.items()
+        }
+        if "gateway" in targets:
+            result["gateway_server"] = stack.server_in_use(gws[0])
+            result["gateway_redis_parser"] = stack.parser_in_use(gws[0])
+        rows: list[dict[str, Any]] = []
+        bar = tqdm(total=len(plan) + 2 * ns.profile, unit="block")
+        try:
+            for rnd, kind, name in plan:
+                bar.set_postfix_str(f"round {rnd} {kind} {name}")
+                rows.append({"round": rnd, **block(kind, targets[name], bodies, pids, ns)})
+                bar.update(1)
+                result["blocks"] = rows
+                write_json(out, result)
+            result["summary"] = summarise(rows, ns.targets)
+            result["checks_after"] = {
+                n: verify(t, bodies, ns.stream_tokens, check_s) for n, t in targets.items()
+            }
+            for name, s in result["summary"].items():
+                for when in ("checks_before", "checks_after"):
+                    for shape, got in result[when][name].items():
+                        for k, v in got["problems"].items():
+                            key = f"{when}:{shape}:{k}"
+                            s["problems"][key] = s["problems"].get(key, 0) + v
+            if ns.profile:
+                result["profiles"] = []
+                for kind, svg in (
+                    ("non_stream", "profile-gateway.svg"),
+                    ("stream", "profile-gateway-stream.svg"),
+                ):
+                    bar.set_postfix_str(f"py-spy {kind}")
+                    settle([targets["gateway"].pid, mock.proc.pid])
+                    svg_path = (ns.out.parent if ns.out else RESULTS) / svg
+                    got = profile(kind, targets["gateway"], bodies, svg_path, ns)
+                    result["profiles"].append(got)
+                    bar.update(1)
+        finally:
+            bar.close()
+            if "gateway" in targets:
+                tail = gws[0].log.read_text(errors="replace").splitlines()[-60:]
+                result["gateway_log_tail"] = tail
+    result["complete"] = True
+    result["seconds"] = round(time.monotonic() - started, 1)
+    write_json(out, result)
+    print_table(result, out)
+    if ns.plot and ns.rounds:
+        plot(result, out.with_suffix(".png"))
+    return 0
+
+
+def rotated(items: list[str], n: int) -> list[str]:
+    k = n % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def _fmt(v: Any, spec: str = ".2f", signed: bool = False) -> str:
+    if v is None:
+        return "-"
+    return format(v, ("+" if signed else "") + spec)
+
+
+def print_table(result: dict[str, Any], out: Path) -> None:
+    print(f"\nwrote {out} in {result['seconds']} s")
+    summary = result.get("summary") or {}
+    d = summary.get("direct", {})
+    print(
+        f"direct call: p50 {_fmt(d.get('p50_ms'), '.3f')} ms, p99 {_fmt(d.get('p99_ms'), '.3f')} "
+        f"ms; {_fmt(d.get('sat_requests_per_second'), '.0f')} req/s; 200-token stream p50 "
+        f"{_fmt(d.get('stream_p50_ms'), '.2f')} ms"
+    )
+    head = (
+        f"{'target':<14}{'req/s':>8}{'x bare':>8}{'CPU us/req':>11}{'+p50 ms':>9}"
+        f"{'+p99 ms':>9}{'str +p50':>9}{'us/token':>9}{'marg/tok':>9}  problems"
+    )
+    print(head)
+    for name, s in summary.items():
+        print(
+            f"{name:<14}{_fmt(s.get('sat_requests_per_second'), '.0f'):>8}"
+            f"{_fmt(s.get('sat_ratio_to_bare'), '.3f'):>8}"
+            f"{_fmt(s.get('sat_target_cpu_us_per_request'), '.0f'):>11}"
+            f"{_fmt(s.get('added_p50_ms'), '.3f', True):>9}"
+            f"{_fmt(s.get('added_p99_ms'), '.3f', True):>9}"
+            f"{_fmt(s.get('stream_added_p50_ms'), '.2f', True):>9}"
+            f"{_fmt(s.get('stream_target_cpu_us_per_token'), '.1f'):>9}"
+            f"{_fmt(s.get('stream_marginal_cpu_us_per_token'), '.1f'):>9}"
+            f"  {s['problems'] or 'none'}"
+        )
+    for p in result.get("profiles") or []:
+        print(
+            f"profile {p['kind']}: {p['svg']} (py-spy exit {p['py_spy_returncode']}, "
+            f"{p['wrk_requests_per_second']} req/s while sampled)"
+        )
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = result["summary"]
+    names = list(summary)
+    tokens = result["parameters"]["stream_tokens"]
+    panels = [
+        ("sat_requests_per_second", f"req/s, {result['parameters']['connections']} connections"),
+        ("sat_target_cpu_us_per_request", "CPU us per request (the target's process)"),
+        ("added_p50_ms", "added p50 ms, 1 connection, vs direct"),
+        ("stream_added_p50_ms", f"added p50 ms, {tokens}-token stream, 1 connection"),
+    ]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    for ax, (key, title) in zip(axes.flat, panels, strict=True):
+        shown = [n for n in names if summary[n].get(key) is not None]
+        ax.bar(shown, [summary[n][key] for n in shown], color="#4c72b0")
+        ax.set_title(title, fontsize=10)
+        ax.tick_params(axis="x", rotation=30, labelsize=8)
+    fig.suptitle(f"wrk: gateway vs bare apps ({result['machine']['cpu_model']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
