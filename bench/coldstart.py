@@ -51,6 +51,7 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 
 from bench.coldstart_runs import Stack, Target, import_breakdown, run_mangum, run_uvicorn
 from bench.machine import machine_info
+from hardcap_core.config.loader import write_validated
 from hardcap_core.local.mock_upstream import MockSettings, create_mock_app
 from hardcap_core.local.servers import ThreadServer
 from hardcap_core.local.valkey import LocalValkey, free_port
@@ -128,6 +129,8 @@ def local_stack() -> Iterator[Stack]:
             config["upstreams"][0]["base_url"] = f"{mock.url}/v1"
             path = Path(tmp) / "config.yaml"
             path.write_text(yaml.safe_dump(config))
+            # As infra/Makefile ships it: the validated copy beside the YAML.
+            write_validated(path)
             yield Stack(valkey, mock, path)
         finally:
             mock.stop()

@@ -172,7 +172,12 @@ def run_mangum(target: Target, stack: Stack, *, profile: bool = False) -> dict[s
         )
         assert proc.stdout is not None
         # The child prints as soon as its invocation returns; its exit is not part of the start.
-        line = proc.stdout.readline()
+        # Lines before it are the app's own stdout (the per-request EMF metrics line).
+        line = ""
+        for out in proc.stdout:
+            if out.startswith('{"import_ms"'):
+                line = out
+                break
         done = time.perf_counter()
         proc.communicate(timeout=120)
         errors.seek(0)

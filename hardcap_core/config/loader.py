@@ -1,49 +1,45 @@
-"""Loading the YAML config: cross-checks, error messages, and the runtime objects built from it.
+"""Loading the config file: the build's validated copy when it matches, else the YAML, validated.
 
-Validation is strict: unknown fields are errors (a typo must not silently drop a budget), and
-every error names its field the way it is written, e.g. ``tenants[1].budgets[0].window``.
-The budget :class:`~hardcap_core.budgets.Scope` of every key is built here, once, so a request
-only looks its key up. The file's schema (one model per section) is in
-:mod:`hardcap_core.config.schema`; the reference with every field is ``docs/config.md``.
+A cold start does not parse or validate the YAML again: the Lambda build validates it and ships
+the loaded config beside it (:func:`write_validated`, ``<config>.validated.pickle``), which
+:func:`load_config` uses when it was made from exactly the text it finds (its SHA-256 must match)
+by this format. Importing PyYAML and pydantic and defining the schema's models is about 180 ms
+of a cold start (docs/coldstart.md); neither is imported then. The copy is part of the artifact,
+as trusted as its code; any doubt about it (missing, stale, unreadable) means validating the
+YAML as before. Validation itself is :mod:`hardcap_core.config.validation`.
 """
 
 from __future__ import annotations
 
-import difflib
+import dataclasses
+import hashlib
 import os
-from collections.abc import Iterable, Mapping, Sequence
+import pickle
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
-import yaml
-from pydantic import BaseModel, ValidationError
-from pydantic_core import ErrorDetails
-
-from hardcap_core import env
-from hardcap_core.auth import KeyIndex
-from hardcap_core.budgets import Dimension, Level, LevelKind, Prices, RateLimit, Scope, Window
-from hardcap_core.config.model import Config, Policy, Principal, Route, Upstream
-from hardcap_core.config.schema import (
-    ConfigFile,
-    GatewaySettings,
-    LevelConfig,
-    PriceConfig,
-    check_redis_url,
-)
+from hardcap_core.config.model import Config
+from hardcap_core.config.settings import env_overrides
 from hardcap_core.errors import ConfigError
+
+# The validated file a build ships next to the YAML; a new format number invalidates old ones.
+VALIDATED_SUFFIX = ".validated.pickle"
+VALIDATED_FORMAT = 2
 
 
 def load_config(path: str | Path) -> Config:
-    """Read and validate a YAML config file; :class:`ConfigError` says what is wrong and where."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from exc
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid YAML in {path}: {exc}") from exc
-    return parse_config(data, source=str(path))
+    """Read and validate a YAML config file; :class:`ConfigError` says what is wrong and where.
+
+    If ``<path>.validated.pickle`` was written from this very text (:func:`write_validated`),
+    the config is taken from it instead of parsing and validating again; the environment's
+    overrides (``HARDCAP_REDIS_URL``, ``HARDCAP_REDIS_CLUSTER``) apply either way."""
+    text = _read(path)
+    loaded = _validated_copy(Path(path), text)
+    if loaded is None:
+        return parse_config(_parse_yaml(text, path), source=str(path))
+    gateway = env_overrides(loaded.gateway, os.environ)
+    return dataclasses.replace(loaded, gateway=gateway, source=str(path))
 
 
 def parse_config(
@@ -51,230 +47,71 @@ def parse_config(
 ) -> Config:
     """Validate parsed YAML and build the config; ``environ`` (default: ``os.environ``) may
     override ``gateway.redis_url`` and ``gateway.redis_cluster``."""
-    if data is None:
-        raise ConfigError(f"invalid config {source}: the file is empty")
-    if not isinstance(data, dict):
-        raise ConfigError(f"invalid config {source}: the top level must be a mapping")
+    from hardcap_core.config.validation import parse_config as validate
+
+    return validate(data, source, environ=environ)
+
+
+def write_validated(path: str | Path, out: str | Path | None = None) -> Path:
+    """Validate the config at ``path`` and write the validated file for :func:`load_config`
+    (default: beside it); raises :class:`ConfigError` as loading does. The build runs this."""
+    text = _read(path)
+    data = _parse_yaml(text, path)
+    # Every check, cross-checks included; without the environment's overrides, which the
+    # function's own environment applies at load.
+    config = parse_config(data, source=str(path), environ={})
+    target = Path(out) if out is not None else _validated_path(Path(path))
+    payload = {"format": VALIDATED_FORMAT, "sha256": _digest(text), "config": config}
+    target.write_bytes(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
+    return target
+
+
+def _read(path: str | Path) -> str:
     try:
-        file = ConfigFile.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_report(source, [_describe(e) for e in exc.errors()])) from None
-    problems = list(_cross_check(file))
-    if problems:
-        raise ConfigError(_report(source, problems))
-    gateway = _env_overrides(file.gateway, os.environ if environ is None else environ)
-    return _build(file, gateway, source)
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from exc
 
 
-def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
-    upstreams: dict[str, Upstream] = {}
-    for u in file.upstreams:
-        timeout = u.timeout_seconds or gateway.upstream_timeout_seconds
-        src = u.key_sources()
-        upstreams[u.name] = Upstream(
-            u.name, u.base_url or "", timeout, src[0] if src else None, u.kind, u.region,
-            u.breaker or gateway.breaker,
-        )  # fmt: skip
-    routes: dict[str, Route] = {}
-    for r in file.routes:
-        p = r.price or PriceConfig(input_per_million=0, output_per_million=0)
-        kind = upstreams[r.upstream].kind
-        # OpenAI-compatible APIs do not bill cache writes: unless the route says, a write costs
-        # what input does there, and 1.25x it where the provider bills writes (Anthropic).
-        write = p.cache_write_per_million
-        if write is None and kind == "openai":
-            write = p.input_per_million
-        prices = Prices.per_million(
-            p.input_per_million, p.output_per_million, p.cached_input_per_million, write
-        )
-        routes[r.name] = Route(
-            r.name, upstreams[r.upstream], r.model or r.name, r.estimator, Policy(r.policy), prices,
-            r.max_output_tokens, r.min_output_reservation, tuple(r.fallbacks),
-        )  # fmt: skip
-    orgs = {o.id: o for o in file.orgs}
-    by_hash: dict[str, Principal] = {}
-    tenant_scopes: dict[str, Scope] = {}
-    for t in file.tenants:
-        chain: list[tuple[Level, LevelConfig]] = [(Level(LevelKind.TENANT, t.id), t)]
-        if t.org is not None:
-            chain.append((Level(LevelKind.ORG, t.org), orgs[t.org]))
-        tenant_scopes[t.id] = _scope(chain)
-        allowed = None if t.routes is None else frozenset(t.routes)
-        for k in t.keys:
-            scope = _scope([(Level(LevelKind.KEY, k.id), k), *chain])
-            by_hash[k.hash] = Principal(k.id, t.id, t.org, t.fail_mode, allowed, scope)
-    return Config(gateway, upstreams, routes, source, file, KeyIndex(by_hash), tenant_scopes)
+def _parse_yaml(text: str, path: str | Path) -> Any:
+    # Imported here: a cold start with a validated copy never parses YAML (about 25 ms).
+    import yaml
+
+    from hardcap_core.config.yaml_strict import StrictLoader
+
+    try:
+        return yaml.load(text, Loader=StrictLoader)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"invalid YAML in {path}: {exc}") from exc
 
 
-def _scope(chain: Sequence[tuple[Level, LevelConfig]]) -> Scope:
-    budgets = [b.build(level) for level, rules in chain for b in rules.budgets]
-    rates = [
-        RateLimit(level, r.requests_per_minute, r.tokens_per_minute)
-        for level, rules in chain
-        if (r := rules.rate_limits) is not None
-        and (r.requests_per_minute is not None or r.tokens_per_minute is not None)
-    ]
-    return Scope(tuple(level for level, _ in chain), tuple(budgets), tuple(rates))
+def _validated_path(path: Path) -> Path:
+    return path.with_name(path.name + VALIDATED_SUFFIX)
 
 
-def _cross_check(file: ConfigFile) -> Iterable[str]:
-    """Problems pydantic cannot see field by field: references, duplicates, missing prices."""
-    yield from _unique("upstreams", "name", [u.name for u in file.upstreams])
-    yield from _unique("routes", "name", [r.name for r in file.routes])
-    yield from _unique("orgs", "id", [o.id for o in file.orgs])
-    yield from _unique("tenants", "id", [t.id for t in file.tenants])
-    keys = [(f"tenants[{i}].keys[{j}]", k) for i, t in enumerate(file.tenants)
-            for j, k in enumerate(t.keys)]  # fmt: skip
-    yield from _unique_at("id", [(loc, k.id) for loc, k in keys], "key id")
-    yield from _unique_at("hash", [(loc, k.hash) for loc, k in keys], "key hash")
-    upstreams = [u.name for u in file.upstreams]
-    routes = [r.name for r in file.routes]
-    orgs = [o.id for o in file.orgs]
-    for i, r in enumerate(file.routes):
-        yield from _known(f"routes[{i}].upstream", r.upstream, upstreams, "upstream")
-        for j, name in enumerate(r.fallbacks):
-            yield from _known(f"routes[{i}].fallbacks[{j}]", name, routes, "route")
-            if name == r.name:
-                yield f"routes[{i}].fallbacks[{j}]: a route cannot fall back to itself"
-        if len(set(r.fallbacks)) != len(r.fallbacks):
-            yield f"routes[{i}].fallbacks: names a route twice"
-    for i, t in enumerate(file.tenants):
-        if t.org is not None:
-            yield from _known(f"tenants[{i}].org", t.org, orgs, "org")
-        for j, name in enumerate(t.routes or []):
-            yield from _known(f"tenants[{i}].routes[{j}]", name, routes, "route")
-    owners: list[tuple[str, LevelConfig]] = [(f"orgs[{i}]", o) for i, o in enumerate(file.orgs)]
-    owners += [(f"tenants[{i}]", t) for i, t in enumerate(file.tenants)]
-    owners += keys
-    cost_at = None
-    for loc, rules in owners:
-        seen: dict[tuple[Dimension, str], int] = {}
-        for j, b in enumerate(rules.budgets):
-            what = (b.dimension, Window.parse(b.window).spec)
-            if what in seen:
-                yield f"{loc}.budgets[{j}]: same dimension and window as budgets[{seen[what]}]"
-            seen.setdefault(what, j)
-            if b.dimension == Dimension.COST_USD and cost_at is None:
-                cost_at = f"{loc}.budgets[{j}]"
-    for i, r in enumerate(file.routes):
-        if r.price is None and cost_at is not None:
-            yield (
-                f"routes[{i}].price: required because {cost_at} is a cost_usd budget "
-                "(write 0 for a free model)"
-            )
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _unique(section: str, attr: str, values: list[str]) -> Iterable[str]:
-    items = [(f"{section}[{i}]", v) for i, v in enumerate(values)]
-    yield from _unique_at(attr, items, f"{section[:-1]} {attr}")
-
-
-def _unique_at(attr: str, items: list[tuple[str, str]], what: str) -> Iterable[str]:
-    first: dict[str, str] = {}
-    for loc, value in items:
-        if value in first:
-            yield f"{loc}.{attr}: duplicate {what} {value!r} (also at {first[value]})"
-        first.setdefault(value, loc)
-
-
-def _known(loc: str, value: str, known: list[str], what: str) -> Iterable[str]:
-    if value not in known:
-        hint = _hint(value, known, "known") if known else f" (no {what}s are defined)"
-        yield f"{loc}: no {what} named {value!r}{hint}"
-
-
-def _hint(value: str, options: Iterable[str], label: str) -> str:
-    options = list(options)
-    close = difflib.get_close_matches(value, options, n=1)
-    if close:
-        return f" (did you mean {close[0]!r}?)"
-    return f" ({label}: {', '.join(options)})" if options else ""
-
-
-def _report(source: str, problems: list[str]) -> str:
-    return f"invalid config {source}:\n" + "\n".join(f"  {p}" for p in problems)
-
-
-def _describe(err: ErrorDetails) -> str:
-    """One pydantic error as ``field.path: what is wrong``."""
-    loc = _loc(err["loc"])
-    if err["type"] == "extra_forbidden":
-        name = str(err["loc"][-1])
-        model = _model_at(err["loc"][:-1])
-        allowed = list(model.model_fields) if model is not None else []
-        return f"{loc}: unknown field{_hint(name, allowed, 'allowed')}"
-    if err["type"] == "value_error":
-        return f"{loc}: {err.get('ctx', {}).get('error', err['msg'])}"
-    if err["type"] == "missing":
-        return f"{loc}: required"
-    got = err.get("input")
-    secret = str(err["loc"][-1]) in _SECRET_FIELDS if err["loc"] else False
-    shown = f" (got {got!r})" if isinstance(got, str | int | float | bool) and not secret else ""
-    return f"{loc}: {err['msg']}{shown}"
-
-
-# Fields whose value may be (or be mistaken for) a secret: errors never repeat their value.
-_SECRET_FIELDS = frozenset(
-    {"hash", "redis_url", "api_key_env", "api_key_secret", "api_key_parameter"}
-)
-
-
-def _loc(parts: Sequence[int | str]) -> str:
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
-    return out or "(top level)"
-
-
-def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
-    """The model class at a path of ConfigFile, so an unknown field can list the known ones."""
-    model: type[BaseModel] | None = ConfigFile
-    for part in loc:
-        if isinstance(part, str):
-            info = model.model_fields.get(part) if model is not None else None
-            model = _inner_model(info.annotation) if info is not None else None
-    return model
-
-
-def _inner_model(tp: Any) -> type[BaseModel] | None:
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return tp
-    return next((m for a in get_args(tp) if (m := _inner_model(a)) is not None), None)
-
-
-def _env_overrides(gateway: GatewaySettings, environ: Mapping[str, str]) -> GatewaySettings:
-    update: dict[str, Any] = {}
-    if url := environ.get(env.REDIS_URL, "").strip():
-        try:
-            update["redis_url"] = check_redis_url(url)
-        except ValueError as exc:
-            raise ConfigError(f"{env.REDIS_URL}: {exc}") from None
-    if flag := environ.get(env.REDIS_CLUSTER, "").strip().lower():
-        if flag not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-            raise ConfigError(f"{env.REDIS_CLUSTER}={flag!r}: use true or false")
-        update["redis_cluster"] = flag in ("1", "true", "yes", "on")
-    return gateway.model_copy(update=update) if update else gateway
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """A SafeLoader that refuses duplicate keys, which plain YAML resolves by keeping the last."""
-
-
-def _mapping_without_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
-    seen: set[object] = set()
-    for key_node, _ in node.value:
-        # Only plain keys: `<<` merges and complex keys are construct_mapping's business.
-        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
-            continue
-        key = loader.construct_object(key_node)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_StrictLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates
-)
+def _validated_copy(path: Path, text: str) -> Config | None:
+    """The config shipped beside ``path`` if it was made from ``text``; None if there is none,
+    it is stale (another text), or this version of the code cannot read it."""
+    try:
+        raw = _validated_path(path).read_bytes()
+    except OSError:
+        return None
+    # Written by the build and shipped with the code: as trusted as the code itself. Any failure
+    # to read it (another version of a class, a truncated file) means validating the YAML.
+    try:
+        payload = pickle.loads(raw)
+    except Exception:
+        return None
+    if (
+        not isinstance(payload, dict)
+        or payload.get("format") != VALIDATED_FORMAT
+        or payload.get("sha256") != _digest(text)
+        or not isinstance(payload.get("config"), Config)
+    ):
+        return None
+    config: Config = payload["config"]
+    return config

@@ -1,6 +1,7 @@
 """The config as the gateway uses it: upstreams, routes, principals, built once at load.
 
-Built by :mod:`hardcap_core.config.loader` from a validated file (:mod:`.schema`).
+Built by :mod:`hardcap_core.config.validation` from a validated file (:mod:`.schema`); nothing
+here imports pydantic.
 """
 
 from __future__ import annotations
@@ -11,13 +12,8 @@ from typing import Literal
 
 from hardcap_core.auth import KeyIndex
 from hardcap_core.budgets import Level, LevelKind, Prices, Scope
-from hardcap_core.config.schema import (
-    BreakerSettings,
-    ConfigFile,
-    EstimatorSettings,
-    GatewaySettings,
-)
 from hardcap_core.config.secrets import KeySource, resolve_api_key
+from hardcap_core.config.settings import BreakerSettings, EstimatorSettings, GatewaySettings
 
 DEFAULT_BREAKER = BreakerSettings()
 
@@ -95,7 +91,6 @@ class Config:
     upstreams: dict[str, Upstream]
     routes: dict[str, Route]
     source: str
-    file: ConfigFile = field(repr=False)
     keys: KeyIndex[Principal] = field(repr=False)
     tenant_scopes: dict[str, Scope] = field(repr=False)
 

@@ -2,7 +2,9 @@
 
 These models only check each field where it is written (types, ranges, formats, unknown fields).
 Checks across sections, error messages and the runtime objects built from a valid file live in
-:mod:`hardcap_core.config.loader`; the reference with every field is ``docs/config.md``.
+:mod:`hardcap_core.config.validation`; the reference with every field is ``docs/config.md``.
+The gateway never holds these models: a valid file becomes :mod:`hardcap_core.config.settings`
+values and :mod:`hardcap_core.config.model` objects, so a request never imports pydantic.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from hardcap_core.auth import is_key_hash
 from hardcap_core.budgets import ID_PATTERN, NANO_USD_PER_USD, Budget, Dimension, Level, Window
 from hardcap_core.config.secrets import KeySource, KeySourceKind
+
+# BreakerSettings and check_redis_url re-exported: they were defined here (ledger/breakers.py).
+from hardcap_core.config.settings import BreakerSettings as BreakerSettings
+from hardcap_core.config.settings import EstimatorSettings, GatewaySettings
+from hardcap_core.config.settings import check_redis_url as check_redis_url
 
 # Lua numbers are doubles: the ledger adds integers exactly only up to 2**53.
 MAX_EXACT = 2**53
@@ -32,20 +39,30 @@ NonNegFloat = Annotated[float, Field(ge=0)]
 
 class _Model(BaseModel):
     # Numbers are accepted where text is expected so that `id: 42` is not an error.
+    # defer_build: a model's validator is built on its first validation, not when the class is
+    # defined (about 20 ms for all of them): code that imports this module to validate nothing
+    # (the build, tests of other modules) does not pay for it.
     model_config = ConfigDict(
-        extra="forbid", frozen=True, allow_inf_nan=False, coerce_numbers_to_str=True
+        extra="forbid",
+        frozen=True,
+        allow_inf_nan=False,
+        coerce_numbers_to_str=True,
+        defer_build=True,
     )
 
 
-class BreakerSettings(_Model):
+class BreakerConfig(_Model):
     """A circuit breaker per upstream, its state shared by every instance through the cache."""
 
     failures: PosInt = 5  # consecutive failures that open it
     cooldown_seconds: PosFloat = 30.0  # how long it stays open before probing
     half_open_probes: PosInt = 1  # requests let through at once to probe an open upstream
 
+    def settings(self) -> BreakerSettings:
+        return BreakerSettings(self.failures, self.cooldown_seconds, self.half_open_probes)
 
-class GatewaySettings(_Model):
+
+class GatewayConfig(_Model):
     """The ``gateway:`` section: how this gateway talks to the budget server and streams."""
 
     redis_url: str | None = None
@@ -59,12 +76,16 @@ class GatewaySettings(_Model):
     upstream_timeout_seconds: PosFloat = 300.0
     chars_per_token: PosFloat = 4.0
     log_prompts: bool = False
-    breaker: BreakerSettings = BreakerSettings()
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
 
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, v: str | None) -> str | None:
         return None if v is None else check_redis_url(v)
+
+    def settings(self) -> GatewaySettings:
+        fields = {name: getattr(self, name) for name in GatewaySettings.__dataclass_fields__}
+        return GatewaySettings(**{**fields, "breaker": self.breaker.settings()})
 
 
 class UpstreamConfig(_Model):
@@ -78,7 +99,7 @@ class UpstreamConfig(_Model):
     api_key_secret: NonEmpty | None = None
     api_key_parameter: NonEmpty | None = None
     timeout_seconds: PosFloat | None = None
-    breaker: BreakerSettings | None = None  # default: the gateway's `breaker`
+    breaker: BreakerConfig | None = None  # default: the gateway's `breaker`
 
     @field_validator("base_url")
     @classmethod
@@ -119,7 +140,7 @@ class UpstreamConfig(_Model):
         return [KeySource(kind, name) for kind, name in found if name is not None]
 
 
-class EstimatorSettings(_Model):
+class EstimatorConfig(_Model):
     """How much output to reserve up front: ``max_tokens``, a ``fixed`` amount, or a rolling p95."""
 
     kind: Literal["max_tokens", "fixed", "p95"] = "max_tokens"
@@ -132,12 +153,15 @@ class EstimatorSettings(_Model):
         return {"kind": data} if isinstance(data, str) else data  # `estimator: p95`
 
     @model_validator(mode="after")
-    def _fixed(self) -> EstimatorSettings:
+    def _fixed(self) -> EstimatorConfig:
         if self.kind == "fixed" and self.fixed_tokens is None:
             raise ValueError("kind 'fixed' needs fixed_tokens")
         if self.kind != "fixed" and self.fixed_tokens is not None:
             raise ValueError(f"fixed_tokens is only used with kind 'fixed', not {self.kind!r}")
         return self
+
+    def settings(self) -> EstimatorSettings:
+        return EstimatorSettings(self.kind, self.fixed_tokens, self.min_samples)
 
 
 class PriceConfig(_Model):
@@ -155,7 +179,7 @@ class RouteConfig(_Model):
     name: RouteName
     upstream: Id
     model: NonEmpty | None = None
-    estimator: EstimatorSettings = EstimatorSettings()
+    estimator: EstimatorConfig = Field(default_factory=EstimatorConfig)
     policy: Literal["truncate", "allow", "count_after"] = "truncate"
     price: PriceConfig | None = None
     max_output_tokens: PosInt = 4096
@@ -246,18 +270,8 @@ class TenantConfig(LevelConfig):
 class ConfigFile(_Model):
     """The whole file, as written (validated, not yet resolved into routes and scopes)."""
 
-    gateway: GatewaySettings = GatewaySettings()
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     upstreams: list[UpstreamConfig] = []
     routes: list[RouteConfig] = []
     orgs: list[OrgConfig] = []
     tenants: list[TenantConfig] = []
-
-
-def check_redis_url(url: str) -> str:
-    """The URL if its scheme is one Redis clients accept; the error never shows the rest."""
-    # The URL may hold a password, so the message shows only its scheme.
-    scheme, sep, _ = url.partition("://")
-    if not sep or scheme.lower() not in ("redis", "rediss", "unix"):
-        shown = f"scheme {scheme!r}" if sep else "no scheme"
-        raise ValueError(f"{shown}: use redis://, rediss:// (TLS) or unix://")
-    return url

@@ -1,0 +1,80 @@
+"""The config's settings as the running gateway reads them: plain frozen values.
+
+The file's pydantic models (:mod:`hardcap_core.config.schema`) validate a config and are turned
+into these once, at load. Nothing a request runs imports pydantic: importing it and defining the
+models is about 150 ms of a cold start (docs/coldstart.md), and a cold start that loads the
+build's validated copy (:func:`hardcap_core.config.loader.load_config`) never validates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hardcap_core import env
+from hardcap_core.errors import ConfigError
+
+EstimatorKind = Literal["max_tokens", "fixed", "p95"]
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerSettings:
+    """A circuit breaker per upstream, its state shared by every instance through the cache."""
+
+    failures: int = 5  # consecutive failures that open it
+    cooldown_seconds: float = 30.0  # how long it stays open before probing
+    half_open_probes: int = 1  # requests let through at once to probe an open upstream
+
+
+@dataclass(frozen=True, slots=True)
+class EstimatorSettings:
+    """How much output to reserve up front: ``max_tokens``, a ``fixed`` amount, or a rolling p95."""
+
+    kind: EstimatorKind = "max_tokens"
+    fixed_tokens: int | None = None
+    min_samples: int = 50
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """The ``gateway:`` section: how this gateway talks to the budget server and streams."""
+
+    redis_url: str | None = None
+    redis_cluster: bool = False
+    reservation_ttl_seconds: float = 120.0
+    max_body_bytes: int = 1_048_576
+    extend_step_tokens: int = 64
+    extend_when_within: int = 32
+    truncate_guard_tokens: int = 4
+    truncate_guard_ms: float = 50.0
+    upstream_timeout_seconds: float = 300.0
+    chars_per_token: float = 4.0
+    log_prompts: bool = False
+    breaker: BreakerSettings = field(default_factory=BreakerSettings)
+
+
+def check_redis_url(url: str) -> str:
+    """The URL if its scheme is one Redis clients accept; the error never shows the rest."""
+    # The URL may hold a password, so the message shows only its scheme.
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme.lower() not in ("redis", "rediss", "unix"):
+        shown = f"scheme {scheme!r}" if sep else "no scheme"
+        raise ValueError(f"{shown}: use redis://, rediss:// (TLS) or unix://")
+    return url
+
+
+def env_overrides(gateway: GatewaySettings, environ: Mapping[str, str]) -> GatewaySettings:
+    """``gateway`` with ``HARDCAP_REDIS_URL`` and ``HARDCAP_REDIS_CLUSTER`` applied."""
+    update: dict[str, Any] = {}
+    if url := environ.get(env.REDIS_URL, "").strip():
+        try:
+            update["redis_url"] = check_redis_url(url)
+        except ValueError as exc:
+            raise ConfigError(f"{env.REDIS_URL}: {exc}") from None
+    if flag := environ.get(env.REDIS_CLUSTER, "").strip().lower():
+        if flag not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise ConfigError(f"{env.REDIS_CLUSTER}={flag!r}: use true or false")
+        update["redis_cluster"] = flag in ("1", "true", "yes", "on")
+    return dataclasses.replace(gateway, **update) if update else gateway

@@ -1,0 +1,226 @@
+"""Validating a parsed config: the schema, cross-checks, error messages, and the runtime objects
+built from a valid file.
+
+Validation is strict: unknown fields are errors (a typo must not silently drop a budget), and
+every error names its field the way it is written, e.g. ``tenants[1].budgets[0].window``.
+The budget :class:`~hardcap_core.budgets.Scope` of every key is built here, once, so a request
+only looks its key up. The file's schema (one model per section) is in
+:mod:`hardcap_core.config.schema`; the reference with every field is ``docs/config.md``.
+This is the only place a config meets pydantic; :mod:`hardcap_core.config.loader` imports it
+only when a config must be validated.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, get_args
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from hardcap_core.auth import KeyIndex
+from hardcap_core.budgets import Dimension, Level, LevelKind, Prices, RateLimit, Scope, Window
+from hardcap_core.config.model import Config, Policy, Principal, Route, Upstream
+from hardcap_core.config.schema import ConfigFile, LevelConfig, PriceConfig
+from hardcap_core.config.settings import GatewaySettings, env_overrides
+from hardcap_core.errors import ConfigError
+
+
+def parse_config(
+    data: Any, source: str = "<config>", *, environ: Mapping[str, str] | None = None
+) -> Config:
+    """Validate parsed YAML and build the config; ``environ`` (default: ``os.environ``) may
+    override ``gateway.redis_url`` and ``gateway.redis_cluster``."""
+    if data is None:
+        raise ConfigError(f"invalid config {source}: the file is empty")
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid config {source}: the top level must be a mapping")
+    try:
+        file = ConfigFile.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_report(source, [_describe(e) for e in exc.errors()])) from None
+    problems = list(_cross_check(file))
+    if problems:
+        raise ConfigError(_report(source, problems))
+    settings = file.gateway.settings()
+    gateway = env_overrides(settings, os.environ if environ is None else environ)
+    return _build(file, gateway, source)
+
+
+def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
+    upstreams: dict[str, Upstream] = {}
+    for u in file.upstreams:
+        timeout = u.timeout_seconds or gateway.upstream_timeout_seconds
+        src = u.key_sources()
+        upstreams[u.name] = Upstream(
+            u.name, u.base_url or "", timeout, src[0] if src else None, u.kind, u.region,
+            u.breaker.settings() if u.breaker else gateway.breaker,
+        )  # fmt: skip
+    routes: dict[str, Route] = {}
+    for r in file.routes:
+        p = r.price or PriceConfig(input_per_million=0, output_per_million=0)
+        kind = upstreams[r.upstream].kind
+        # OpenAI-compatible APIs do not bill cache writes: unless the route says, a write costs
+        # what input does there, and 1.25x it where the provider bills writes (Anthropic).
+        write = p.cache_write_per_million
+        if write is None and kind == "openai":
+            write = p.input_per_million
+        prices = Prices.per_million(
+            p.input_per_million, p.output_per_million, p.cached_input_per_million, write
+        )
+        routes[r.name] = Route(
+            r.name, upstreams[r.upstream], r.model or r.name, r.estimator.settings(),
+            Policy(r.policy), prices,
+            r.max_output_tokens, r.min_output_reservation, tuple(r.fallbacks),
+        )  # fmt: skip
+    orgs = {o.id: o for o in file.orgs}
+    by_hash: dict[str, Principal] = {}
+    tenant_scopes: dict[str, Scope] = {}
+    for t in file.tenants:
+        chain: list[tuple[Level, LevelConfig]] = [(Level(LevelKind.TENANT, t.id), t)]
+        if t.org is not None:
+            chain.append((Level(LevelKind.ORG, t.org), orgs[t.org]))
+        tenant_scopes[t.id] = _scope(chain)
+        allowed = None if t.routes is None else frozenset(t.routes)
+        for k in t.keys:
+            scope = _scope([(Level(LevelKind.KEY, k.id), k), *chain])
+            by_hash[k.hash] = Principal(k.id, t.id, t.org, t.fail_mode, allowed, scope)
+    return Config(gateway, upstreams, routes, source, KeyIndex(by_hash), tenant_scopes)
+
+
+def _scope(chain: Sequence[tuple[Level, LevelConfig]]) -> Scope:
+    budgets = [b.build(level) for level, rules in chain for b in rules.budgets]
+    rates = [
+        RateLimit(level, r.requests_per_minute, r.tokens_per_minute)
+        for level, rules in chain
+        if (r := rules.rate_limits) is not None
+        and (r.requests_per_minute is not None or r.tokens_per_minute is not None)
+    ]
+    return Scope(tuple(level for level, _ in chain), tuple(budgets), tuple(rates))
+
+
+def _cross_check(file: ConfigFile) -> Iterable[str]:
+    """Problems pydantic cannot see field by field: references, duplicates, missing prices."""
+    yield from _unique("upstreams", "name", [u.name for u in file.upstreams])
+    yield from _unique("routes", "name", [r.name for r in file.routes])
+    yield from _unique("orgs", "id", [o.id for o in file.orgs])
+    yield from _unique("tenants", "id", [t.id for t in file.tenants])
+    keys = [(f"tenants[{i}].keys[{j}]", k) for i, t in enumerate(file.tenants)
+            for j, k in enumerate(t.keys)]  # fmt: skip
+    yield from _unique_at("id", [(loc, k.id) for loc, k in keys], "key id")
+    yield from _unique_at("hash", [(loc, k.hash) for loc, k in keys], "key hash")
+    upstreams = [u.name for u in file.upstreams]
+    routes = [r.name for r in file.routes]
+    orgs = [o.id for o in file.orgs]
+    for i, r in enumerate(file.routes):
+        yield from _known(f"routes[{i}].upstream", r.upstream, upstreams, "upstream")
+        for j, name in enumerate(r.fallbacks):
+            yield from _known(f"routes[{i}].fallbacks[{j}]", name, routes, "route")
+            if name == r.name:
+                yield f"routes[{i}].fallbacks[{j}]: a route cannot fall back to itself"
+        if len(set(r.fallbacks)) != len(r.fallbacks):
+            yield f"routes[{i}].fallbacks: names a route twice"
+    for i, t in enumerate(file.tenants):
+        if t.org is not None:
+            yield from _known(f"tenants[{i}].org", t.org, orgs, "org")
+        for j, name in enumerate(t.routes or []):
+            yield from _known(f"tenants[{i}].routes[{j}]", name, routes, "route")
+    owners: list[tuple[str, LevelConfig]] = [(f"orgs[{i}]", o) for i, o in enumerate(file.orgs)]
+    owners += [(f"tenants[{i}]", t) for i, t in enumerate(file.tenants)]
+    owners += keys
+    cost_at = None
+    for loc, rules in owners:
+        seen: dict[tuple[Dimension, str], int] = {}
+        for j, b in enumerate(rules.budgets):
+            what = (b.dimension, Window.parse(b.window).spec)
+            if what in seen:
+                yield f"{loc}.budgets[{j}]: same dimension and window as budgets[{seen[what]}]"
+            seen.setdefault(what, j)
+            if b.dimension == Dimension.COST_USD and cost_at is None:
+                cost_at = f"{loc}.budgets[{j}]"
+    for i, r in enumerate(file.routes):
+        if r.price is None and cost_at is not None:
+            yield (
+                f"routes[{i}].price: required because {cost_at} is a cost_usd budget "
+                "(write 0 for a free model)"
+            )
+
+
+def _unique(section: str, attr: str, values: list[str]) -> Iterable[str]:
+    items = [(f"{section}[{i}]", v) for i, v in enumerate(values)]
+    yield from _unique_at(attr, items, f"{section[:-1]} {attr}")
+
+
+def _unique_at(attr: str, items: list[tuple[str, str]], what: str) -> Iterable[str]:
+    first: dict[str, str] = {}
+    for loc, value in items:
+        if value in first:
+            yield f"{loc}.{attr}: duplicate {what} {value!r} (also at {first[value]})"
+        first.setdefault(value, loc)
+
+
+def _known(loc: str, value: str, known: list[str], what: str) -> Iterable[str]:
+    if value not in known:
+        hint = _hint(value, known, "known") if known else f" (no {what}s are defined)"
+        yield f"{loc}: no {what} named {value!r}{hint}"
+
+
+def _hint(value: str, options: Iterable[str], label: str) -> str:
+    options = list(options)
+    close = difflib.get_close_matches(value, options, n=1)
+    if close:
+        return f" (did you mean {close[0]!r}?)"
+    return f" ({label}: {', '.join(options)})" if options else ""
+
+
+def _report(source: str, problems: list[str]) -> str:
+    return f"invalid config {source}:\n" + "\n".join(f"  {p}" for p in problems)
+
+
+def _describe(err: ErrorDetails) -> str:
+    """One pydantic error as ``field.path: what is wrong``."""
+    loc = _loc(err["loc"])
+    if err["type"] == "extra_forbidden":
+        name = str(err["loc"][-1])
+        model = _model_at(err["loc"][:-1])
+        allowed = list(model.model_fields) if model is not None else []
+        return f"{loc}: unknown field{_hint(name, allowed, 'allowed')}"
+    if err["type"] == "value_error":
+        return f"{loc}: {err.get('ctx', {}).get('error', err['msg'])}"
+    if err["type"] == "missing":
+        return f"{loc}: required"
+    got = err.get("input")
+    secret = str(err["loc"][-1]) in _SECRET_FIELDS if err["loc"] else False
+    shown = f" (got {got!r})" if isinstance(got, str | int | float | bool) and not secret else ""
+    return f"{loc}: {err['msg']}{shown}"
+
+
+# Fields whose value may be (or be mistaken for) a secret: errors never repeat their value.
+_SECRET_FIELDS = frozenset(
+    {"hash", "redis_url", "api_key_env", "api_key_secret", "api_key_parameter"}
+)
+
+
+def _loc(parts: Sequence[int | str]) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
+    return out or "(top level)"
+
+
+def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The model class at a path of ConfigFile, so an unknown field can list the known ones."""
+    model: type[BaseModel] | None = ConfigFile
+    for part in loc:
+        if isinstance(part, str):
+            info = model.model_fields.get(part) if model is not None else None
+            model = _inner_model(info.annotation) if info is not None else None
+    return model
+
+
+def _inner_model(tp: Any) -> type[BaseModel] | None:
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return tp
+    return next((m for a in get_args(tp) if (m := _inner_model(a)) is not None), None)
