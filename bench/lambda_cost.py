@@ -22,9 +22,9 @@ and ElastiCache). The costs (duration billed by wall clock, rounded up to 1 ms, 
 x86 prices), the memory default and the share of the model's price are computed from the
 measurements by :func:`cost_model`; docs/cost.md has the tables and sources.
 
-    flock /tmp/hardcap-bench.lock .venv/bin/python bench/lambda_cost.py            # ~5 min
-    flock /tmp/hardcap-bench.lock .venv/bin/python bench/lambda_cost.py --quick    # < 2 min
-    .venv/bin/python bench/lambda_cost.py --report bench/results/lambda-cost.json --plot
+    flock /tmp/hardcap-bench.lock .venv/bin/python -m bench.lambda_cost --plot      # ~5 min
+    flock /tmp/hardcap-bench.lock .venv/bin/python -m bench.lambda_cost --quick     # < 2 min
+    .venv/bin/python -m bench.lambda_cost --report bench/results/lambda-cost.json --markdown
 
 Needs root (cgroups). Writes bench/results/lambda-cost.json (lambda-cost-quick.json).
 """
@@ -830,7 +830,7 @@ def main(argv: list[str] | None = None) -> int:
     stale = cgroup_cpu.remove_stale()
     result: dict[str, Any] = {
         "benchmark": "lambda-cost",
-        "command": "flock /tmp/hardcap-bench.lock .venv/bin/python bench/lambda_cost.py "
+        "command": "flock /tmp/hardcap-bench.lock .venv/bin/python -m bench.lambda_cost "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "complete": False,
         "machine": machine_info(),
