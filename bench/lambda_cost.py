@@ -12,9 +12,11 @@ mechanism), warmed, and measured:
   /proc/<pid>/task/*/schedstat; utime+stime ticks too), wall-clock duration per request;
 * streams of 200 and 1,000 tokens at mock pace 0: CPU per stream, CPU per relayed token (the
   slope between the two lengths), duration;
-* a stream paced at 100 tokens/s (``[mock:pace_ms=10]``): time to first and last byte and the
-  inter-token gap as the client sees it, against the same stream straight from the mock (no
-  gateway, no quota) measured in the same run: is it slowed?
+* a stream paced at 100 tokens/s (``[mock:pace_ms=10]``, one token per network read) and one
+  at 200 tokens/s (headroom): time to first and last byte and the inter-token gap as the
+  client sees it, against the same streams straight from the mock (no gateway, no quota)
+  measured in the same run: is it slowed? And the share of the CPU quota the stream used;
+* non-streamed requests each after 0.3 s idle (a full quota): a single request's duration;
 * RSS of the gateway (VmRSS, VmHWM) after warm-up and after the load; the cgroup's throttling.
 
 The mock upstream and the private Valkey run outside the cgroup (they stand for the provider
@@ -103,6 +105,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--report", type=Path, help="recompute the cost model of a result file")
     p.add_argument("--plot", action="store_true", help="also write a PNG beside the result")
     p.add_argument("--markdown", action="store_true", help="print docs/cost.md's tables")
+    p.add_argument("--write-doc", action="store_true", help="put the tables into docs/cost.md")
     add_model_arguments(p)
     ns = p.parse_args(argv)
     if ns.quick:
@@ -748,6 +751,30 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+DOC = Path(__file__).resolve().parent.parent / "docs" / "cost.md"
+
+
+def write_doc(result: dict[str, Any], path: Path = DOC) -> None:
+    """Replace the tables between docs/cost.md's ``<!-- lambda_cost:NAME -->`` markers."""
+    parts = markdown(result).split("\n\n")
+    i_share = next(i for i, p in enumerate(parts) if p.startswith("The gateway's Lambda cost"))
+    blocks = {
+        "MEASUREMENTS": parts[:2],
+        "COST": parts[2:i_share],
+        "SHARE": parts[i_share:],
+    }
+    doc = path.read_text()
+    for name, body in blocks.items():
+        begin, end = f"<!-- lambda_cost:{name} -->", f"<!-- /lambda_cost:{name} -->"
+        head, found, rest = doc.partition(begin)
+        _, found_end, tail = rest.partition(end)
+        if not (found and found_end):
+            raise SystemExit(f"{path}: no {begin} ... {end} block")
+        doc = head + begin + "\n" + "\n\n".join(body).strip() + "\n" + end + tail
+    path.write_text(doc)
+    print(f"updated the tables in {path}")
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -818,6 +845,8 @@ def main(argv: list[str] | None = None) -> int:
         print_summary(result, ns.report)
         if ns.markdown:
             print(markdown(result))
+        if ns.write_doc:
+            write_doc(result)
         if ns.plot:
             plot(result, ns.report.with_suffix(".png"))
         return 0
@@ -883,6 +912,8 @@ def main(argv: list[str] | None = None) -> int:
     print_summary(result, out)
     if ns.markdown:
         print(markdown(result))
+    if ns.write_doc:
+        write_doc(result)
     if ns.plot:
         plot(result, out.with_suffix(".png"))
     return 0
