@@ -540,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"round": rnd, **block(kind, targets[name], bodies, pids, ns)})
                 bar.update(1)
                 result["blocks"] = rows
+                result["summary"] = summarise(rows, ns.targets)  # a cut-short run keeps it
                 write_json(out, result)
             result["summary"] = summarise(rows, ns.targets)
             result["checks_after"] = {
