@@ -5,7 +5,9 @@ whole response is produced, then returned. Handler: ``buffered.handler``. The ev
 call it with the function URL events in ``events/``.
 
 Everything is built once per execution environment, at import (the init phase), and reused by
-every invocation: the app, its config, and — on the first request — its cache and HTTP clients.
+every invocation: the app, its config, its cache and HTTP clients. Under SnapStart the runtime's
+hooks (``snapshot_restore_py``, shipped with the Python managed runtimes) close the cache client
+before the snapshot and, after a restore, reseed ``random`` and build it again.
 """
 
 from __future__ import annotations
@@ -44,8 +46,29 @@ from hardcap_core.gateway.app import app_from_env  # noqa: E402
 # Mangum runs each invocation on the thread's current event loop. Creating it here, once, keeps
 # the loop, and the cache and HTTP clients bound to it, alive across invocations, and avoids
 # asyncio.get_event_loop()'s deprecated implicit creation.
-asyncio.set_event_loop(asyncio.new_event_loop())
-_asgi = Mangum(app_from_env(), lifespan="off")
+_loop = asyncio.new_event_loop()
+asyncio.set_event_loop(_loop)
+_app = app_from_env()
+_asgi = Mangum(_app, lifespan="off")
+# Mangum runs no lifespan: the clients are built here, in the init phase (and so in a snapshot).
+_loop.run_until_complete(_app.state.runtime.warm())
+
+
+def _register_snapstart_hooks() -> None:
+    """Tie the runtime's snapshot hooks to the app's; absent outside Lambda's managed runtime."""
+    try:
+        from snapshot_restore_py import (  # type: ignore[import-not-found]
+            register_after_restore,
+            register_before_snapshot,
+        )
+    except ImportError:
+        return
+    runtime = _app.state.runtime
+    register_before_snapshot(lambda: _loop.run_until_complete(runtime.before_snapshot()))
+    register_after_restore(lambda: _loop.run_until_complete(runtime.after_restore()))
+
+
+_register_snapstart_hooks()
 
 
 def handler(event: LambdaEvent, context: LambdaContext) -> dict[str, Any]:

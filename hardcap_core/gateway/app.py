@@ -3,6 +3,11 @@ format, and the clients built once per process (per Lambda execution environment
 
 The same app runs under uvicorn (`hardcap serve`, and on Lambda behind the Lambda Web Adapter
 for response streaming) and under Mangum (buffered invocations, event-driven tests).
+
+The clients are built when the server starts (on Lambda: the init phase), so a SnapStart snapshot
+holds them and the first request does not wait for them; around a snapshot the cache client is
+dropped and built again (:meth:`Runtime.before_snapshot`, :meth:`Runtime.after_restore`), through
+the adapter's hook paths when they are configured (see docs/coldstart.md).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -26,6 +32,7 @@ from hardcap_core.config import Config, Principal, load_config
 from hardcap_core.errors import (
     ConfigError,
     GatewayError,
+    HardcapError,
     LedgerUnavailable,
     MethodNotAllowed,
     NotFound,
@@ -64,9 +71,36 @@ class Runtime:
     ) -> None:
         self.config = config
         self._ledger_client = ledger_client
+        self._owns_ledger_client = ledger_client is None  # injected ones are the caller's
         self._http_client = http_client
         self._gateway: Gateway | None = None
         self._lock = asyncio.Lock()
+
+    async def warm(self) -> None:
+        """Build the clients and the gateway now instead of on the first request. A failure is
+        logged and left to the first request, which tries again and answers the error."""
+        try:
+            await self.gateway()
+        except HardcapError as e:  # the cache unreachable, or no cache configured
+            logger.warning("gateway not built at start", extra={"error": str(e)})
+
+    async def before_snapshot(self) -> None:
+        """Close the cache client before a SnapStart snapshot: its connections (and, with IAM
+        auth, its token) would be stale in every environment restored from it. The HTTP client
+        stays: it has opened no connection yet (no request has run), and its TLS context is
+        what the snapshot should keep."""
+        async with self._lock:
+            client, self._gateway = self._ledger_client, None
+            if self._owns_ledger_client and client is not None:
+                self._ledger_client = None
+                await client.aclose()
+
+    async def after_restore(self) -> None:
+        """After a SnapStart restore: reseed ``random`` (every restored environment would share
+        the snapshot's state) and build the gateway again, with a new cache client."""
+        random.seed()
+        await self.before_snapshot()  # whatever the snapshot held, nothing of it is reused
+        await self.warm()
 
     async def gateway(self) -> Gateway:
         if self._gateway is None:
@@ -199,7 +233,9 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        # Clients are built on first use (cheap cold start); closed here on shutdown.
+        # Built before the server listens (Lambda's init phase, held by a SnapStart snapshot);
+        # closed on shutdown.
+        await runtime.warm()
         yield
         await runtime.aclose()
 
@@ -212,12 +248,38 @@ def create_app(
             Route("/v1/models", endpoint(models, OPENAI), methods=["GET"]),
             Route("/v1/hardcap/usage", endpoint(usage, OPENAI), methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
+            *snapstart_routes(runtime),
         ],
         middleware=[Middleware(RequestIdMiddleware)],
         exception_handlers={404: http_error, 405: http_error},
     )
     app.state.runtime = runtime
     return app
+
+
+# The Lambda Web Adapter POSTs to these paths around a SnapStart snapshot when they are set, and
+# answers 403 itself to any outside request for them. The routes exist only then: without the
+# adapter's guard, anyone could close the cache client under running requests.
+SNAPSTART_HOOKS = {
+    "AWS_LWA_SNAPSTART_BEFORE_CHECKPOINT_PATH": Runtime.before_snapshot,
+    "AWS_LWA_SNAPSTART_AFTER_RESTORE_PATH": Runtime.after_restore,
+}
+
+
+def snapstart_routes(runtime: Runtime) -> list[Route]:
+    """The adapter's SnapStart hooks the environment names, each calling its Runtime method."""
+    routes = []
+    for variable, hook in SNAPSTART_HOOKS.items():
+        path = os.environ.get(variable, "").strip()
+        if not path:
+            continue
+
+        async def run_hook(request: Request, hook: Any = hook) -> Response:
+            await hook(runtime)
+            return JSONResponse({"ok": True})
+
+        routes.append(Route(path, run_hook, methods=["POST"]))
+    return routes
 
 
 def app_from_env() -> Starlette:
