@@ -36,15 +36,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -53,35 +50,36 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 
 from bench import stack
 from bench.harness import chat_body
-from bench.machine import CpuWatch, machine_info, process_cpu_seconds, write_json
+from bench.machine import CpuWatch, machine_info, write_json
+from bench.wrk_report import plot, print_table, summarise
+from bench.wrk_run import (
+    Target,
+    fold_wrk_cpu,
+    irq_seconds,
+    parse_wrk,
+    problems,
+    run_wrk,
+    settle,
+    verify,
+    wait_quiet,
+    wrk_command,
+)
 from hardcap_core.local import stack as local_stack
 from hardcap_core.local.valkey import LocalValkey, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-WRK_DIR = ROOT / "bench" / "wrk"
 TENANT = "bench"
 TARGETS = ("direct", "bare", "httpx", "httpx_aiohttp", "aiohttp", "httpx2", "gateway")
 PROXIES = ("httpx", "httpx_aiohttp", "aiohttp", "httpx2")
 KINDS = ("latency", "saturation", "stream")
 CONTENDED = 0.25  # share of the machine other processes took during a block: run it again
 RETRIES_CONTENDED = 3
-QUIET, QUIET_WAIT_S = 0.10, 10.0  # before a block: wait up to 10 s for others to take < 10 %
 CLIENT_PACKAGES: tuple[str, ...] = ("httpx", "httpx2", "httpcore", "httpcore2", "aiohttp")
 CLIENT_PACKAGES += ("httpx-aiohttp", "uvloop", "httptools", "orjson", "wrk")
 ROUTES = [
     stack.mock_route("p95", estimator={"kind": "p95", "min_samples": 50}, max_output_tokens=1024)
 ]
-
-
-@dataclass
-class Target:
-    name: str
-    url: str  # the chat completions URL
-    pid: int
-    proc_name: str  # the key of its process in the CPU figures
-    model: str
-    key: str | None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -162,71 +160,6 @@ def write_bodies(tmp: Path, tokens: int) -> dict[tuple[str, str], Path]:
     return out
 
 
-def _children_cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def wrk_command(
-    target: Target, body: Path, connections: int, threads: int, seconds: float, check: bool
-) -> tuple[list[str], dict[str, str]]:
-    script = WRK_DIR / ("check.lua" if check else "post.lua")
-    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds:g}s", "--latency"]
-    cmd += ["--timeout", "10s", "-s", str(script), target.url]
-    return cmd, {**os.environ, "WRK_BODY": str(body), "WRK_KEY": target.key or ""}
-
-
-def parse_wrk(stdout: str, stderr: str, returncode: int) -> dict[str, Any]:
-    for line in stdout.splitlines():
-        if line.startswith("WRK_JSON "):
-            result: dict[str, Any] = json.loads(line[len("WRK_JSON ") :])
-            result["returncode"] = returncode
-            return result
-    return {"returncode": returncode, "failed": (stdout + stderr)[-2000:], "requests": 0}
-
-
-def run_wrk(
-    target: Target,
-    body: Path,
-    *,
-    connections: int,
-    threads: int,
-    seconds: float,
-    check: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """One wrk run; ``check`` (WRK_EXPECT_TOKENS, WRK_STREAM) reads every response."""
-    cmd, env = wrk_command(target, body, connections, threads, seconds, check is not None)
-    env.update(check or {})
-    before = _children_cpu_seconds()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds + 60)
-    result = parse_wrk(proc.stdout, proc.stderr, proc.returncode)
-    result["wrk_cpu_seconds"] = round(_children_cpu_seconds() - before, 3)
-    return result
-
-
-def settle(pids: list[int], timeout_s: float = 20.0) -> float:
-    """Wait until the processes are idle (under 3 % of a core over 0.2 s)."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        before = sum(process_cpu_seconds(p) for p in pids)
-        time.sleep(0.2)
-        if sum(process_cpu_seconds(p) for p in pids) - before < 0.006:
-            break
-    return round(time.monotonic() - started, 2)
-
-
-def wait_quiet(pids: dict[str, int], timeout_s: float = QUIET_WAIT_S) -> float:
-    """Wait (up to ``timeout_s``) until other processes take under QUIET of the machine over
-    half a second: tests others run on this machine come and go."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        watch = CpuWatch(pids).start()
-        time.sleep(0.5)
-        if (watch.stop()["other_share"] or 0.0) <= QUIET:
-            break
-    return round(time.monotonic() - started, 1)
-
-
 def block(
     kind: str,
     target: Target,
@@ -243,11 +176,11 @@ def block(
     while True:
         settled = settle([target.pid, pids["mock"]])
         quiet = wait_quiet(pids)
-        irq0, watch = _irq_seconds(), CpuWatch(pids).start()
+        irq0, watch = irq_seconds(), CpuWatch(pids).start()
         res = run_wrk(
             target, body, connections=connections, threads=threads, seconds=ns.block_seconds
         )
-        cpu = fold_wrk_cpu(watch.stop(), res["wrk_cpu_seconds"], _irq_seconds() - irq0)
+        cpu = fold_wrk_cpu(watch.stop(), res["wrk_cpu_seconds"], irq_seconds() - irq0)
         if (cpu["other_share"] or 0.0) <= CONTENDED or retries == RETRIES_CONTENDED:
             break
         retries += 1
@@ -277,108 +210,6 @@ def block(
     if stream and n:
         row["target_cpu_us_per_token"] = round(seconds[target.proc_name] / (n * tokens) * 1e6, 2)
     return row
-
-
-def _irq_seconds() -> float:
-    """CPU seconds the machine spent in hard and soft interrupts since boot (/proc/stat)."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    except OSError:
-        return 0.0
-    return (int(fields[5]) + int(fields[6])) / os.sysconf("SC_CLK_TCK")
-
-
-def fold_wrk_cpu(cpu: dict[str, Any], wrk_seconds: float, irq_seconds: float) -> dict[str, Any]:
-    """CpuWatch counts wrk (a child that exited during the block) as another process, and
-    the kernel's interrupt time too; most of that is our own loopback traffic (softirq), so
-    ``other_share`` here leaves both out (``other_share_with_irq`` keeps the interrupts)."""
-    cpu["cpu_seconds"]["wrk"] = round(wrk_seconds, 3)
-    cpu["irq_softirq_seconds"] = round(irq_seconds, 2)
-    if cpu["other_processes_seconds"] is not None:
-        capacity = cpu["wall_seconds"] * (os.cpu_count() or 1)
-        other = max(cpu["other_processes_seconds"] - wrk_seconds, 0.0)
-        cpu["other_share_with_irq"] = round(other / capacity, 3)
-        other = round(max(other - irq_seconds, 0.0), 2)
-        cpu["other_processes_seconds"] = other
-        cpu["other_share"] = round(other / capacity, 3)
-    return cpu
-
-
-def problems(res: dict[str, Any]) -> dict[str, int]:
-    """Every error wrk or check.lua saw in a block (empty: a clean block)."""
-    found = {k: v for k, v in (res.get("errors") or {}).items() if v}
-    check = res.get("check") or {}
-    for k in ("bad_status", "bad_tokens", "no_done"):
-        if check.get(k):
-            found[f"check_{k}"] = check[k]
-    if res.get("returncode") or "failed" in res:
-        found["wrk_failed"] = 1
-    return found
-
-
-def _median(values: list[float | None]) -> float | None:
-    got = [v for v in values if v is not None]
-    return round(statistics.median(got), 3) if got else None
-
-
-def summarise(rows: list[dict[str, Any]], targets: list[str]) -> dict[str, dict[str, Any]]:
-    """Per target: medians over rounds; added = target minus direct in the same round."""
-    by = {(r["round"], r["kind"], r["target"]): r for r in rows}
-    rounds = sorted({r["round"] for r in rows})
-    out: dict[str, dict[str, Any]] = {}
-    for t in targets:
-        s: dict[str, Any] = {"problems": {}}
-        for kind, prefix in (("latency", ""), ("saturation", "sat_"), ("stream", "stream_")):
-            mine = [by[(rnd, kind, t)] for rnd in rounds if (rnd, kind, t) in by]
-            if not mine:
-                continue
-            fields = ["p50_ms", "p90_ms", "p99_ms", "mean_ms", "requests_per_second"]
-            fields += ["target_cpu_us_per_request", "mock_cpu_us_per_request"]
-            fields += ["wrk_cpu_us_per_request", "target_cpu_us_per_token"]
-            for f in fields:
-                s[prefix + f] = _median([r.get(f) for r in mine])
-            for q in ("p50_ms", "p90_ms", "p99_ms", "mean_ms"):
-                diffs = []
-                for r in mine:
-                    base = by.get((r["round"], kind, "direct"))
-                    if base and r.get(q) is not None and base.get(q) is not None:
-                        diffs.append(r[q] - base[q])
-                s[f"{prefix}added_{q}"] = _median(diffs)
-            if kind == "saturation":
-                ratios = []
-                for r in mine:
-                    bare = by.get((r["round"], kind, "bare"))
-                    if bare and bare["requests_per_second"]:
-                        ratios.append(r["requests_per_second"] / bare["requests_per_second"])
-                s["sat_ratio_to_bare"] = _median(ratios)
-            for r in mine:
-                for k, v in r["problems"].items():
-                    s["problems"][f"{kind}:{k}"] = s["problems"].get(f"{kind}:{k}", 0) + v
-        lat, strm = s.get("target_cpu_us_per_request"), s.get("stream_target_cpu_us_per_request")
-        tokens = next((r["reply_tokens"] for r in rows if r["kind"] == "stream"), None)
-        if lat is not None and strm is not None and tokens:
-            # The stream's CPU beyond a 1-token request's, both at one connection: per token.
-            s["stream_marginal_cpu_us_per_token"] = round((strm - lat) / (tokens - 1), 2)
-        out[t] = s
-    return out
-
-
-def verify(
-    target: Target, bodies: dict[tuple[str, str], Path], tokens: int, seconds: float
-) -> dict[str, Any]:
-    """Every response read and checked (bench/wrk/check.lua) for a while at one connection,
-    non-streamed and streamed: status, completion_tokens, [DONE] and the SSE event count.
-    Measured blocks do not read bodies (that costs wrk CPU a 2-core box cannot spare); they
-    count wrk's non-2xx and socket errors only."""
-    out = {}
-    shapes = [("non_stream", 1)] + ([] if target.name == "bare" else [("stream", tokens)])
-    for shape, expect in shapes:
-        check = {"WRK_EXPECT_TOKENS": str(expect), "WRK_STREAM": "1" if shape == "stream" else "0"}
-        body = bodies[(target.model, shape)]
-        res = run_wrk(target, body, connections=1, threads=1, seconds=seconds, check=check)
-        out[shape] = {"requests": res.get("requests"), "check": res.get("check")}
-        out[shape]["problems"] = problems(res)
-    return out
 
 
 def warm(target: Target, bodies: dict[tuple[str, str], Path], seconds: float) -> dict[str, Any]:
@@ -581,72 +412,6 @@ def main(argv: list[str] | None = None) -> int:
 def rotated(items: list[str], n: int) -> list[str]:
     k = n % len(items) if items else 0
     return items[k:] + items[:k]
-
-
-def _fmt(v: Any, spec: str = ".2f", signed: bool = False) -> str:
-    if v is None:
-        return "-"
-    return format(v, ("+" if signed else "") + spec)
-
-
-def print_table(result: dict[str, Any], out: Path) -> None:
-    print(f"\nwrote {out} in {result['seconds']} s")
-    summary = result.get("summary") or {}
-    d = summary.get("direct", {})
-    print(
-        f"direct call: p50 {_fmt(d.get('p50_ms'), '.3f')} ms, p99 {_fmt(d.get('p99_ms'), '.3f')} "
-        f"ms; {_fmt(d.get('sat_requests_per_second'), '.0f')} req/s; 200-token stream p50 "
-        f"{_fmt(d.get('stream_p50_ms'), '.2f')} ms"
-    )
-    head = (
-        f"{'target':<14}{'req/s':>8}{'x bare':>8}{'CPU us/req':>11}{'+p50 ms':>9}"
-        f"{'+p99 ms':>9}{'str +p50':>9}{'us/token':>9}{'marg/tok':>9}  problems"
-    )
-    print(head)
-    for name, s in summary.items():
-        print(
-            f"{name:<14}{_fmt(s.get('sat_requests_per_second'), '.0f'):>8}"
-            f"{_fmt(s.get('sat_ratio_to_bare'), '.3f'):>8}"
-            f"{_fmt(s.get('sat_target_cpu_us_per_request'), '.0f'):>11}"
-            f"{_fmt(s.get('added_p50_ms'), '.3f', True):>9}"
-            f"{_fmt(s.get('added_p99_ms'), '.3f', True):>9}"
-            f"{_fmt(s.get('stream_added_p50_ms'), '.2f', True):>9}"
-            f"{_fmt(s.get('stream_target_cpu_us_per_token'), '.1f'):>9}"
-            f"{_fmt(s.get('stream_marginal_cpu_us_per_token'), '.1f'):>9}"
-            f"  {s['problems'] or 'none'}"
-        )
-    for p in result.get("profiles") or []:
-        print(
-            f"profile {p['kind']}: {p['svg']} (py-spy exit {p['py_spy_returncode']}, "
-            f"{p['wrk_requests_per_second']} req/s while sampled)"
-        )
-
-
-def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    summary = result["summary"]
-    names = list(summary)
-    tokens = result["parameters"]["stream_tokens"]
-    panels = [
-        ("sat_requests_per_second", f"req/s, {result['parameters']['connections']} connections"),
-        ("sat_target_cpu_us_per_request", "CPU us per request (the target's process)"),
-        ("added_p50_ms", "added p50 ms, 1 connection, vs direct"),
-        ("stream_added_p50_ms", f"added p50 ms, {tokens}-token stream, 1 connection"),
-    ]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-    for ax, (key, title) in zip(axes.flat, panels, strict=True):
-        shown = [n for n in names if summary[n].get(key) is not None]
-        ax.bar(shown, [summary[n][key] for n in shown], color="#4c72b0")
-        ax.set_title(title, fontsize=10)
-        ax.tick_params(axis="x", rotation=30, labelsize=8)
-    fig.suptitle(f"wrk: gateway vs bare apps ({result['machine']['cpu_model']})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"plot: {path}")
 
 
 if __name__ == "__main__":
