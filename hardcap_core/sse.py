@@ -11,9 +11,10 @@ did not terminate with a blank line before closing.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
+
+from hardcap_core import json_codec
 
 DONE = "[DONE]"
 
@@ -91,5 +92,5 @@ class SSEParser:
 
 def encode(payload: dict[str, Any] | str) -> bytes:
     """One SSE event carrying ``payload`` (a JSON object, or a literal such as [DONE])."""
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    return f"data: {data}\n\n".encode()
+    data = payload.encode() if isinstance(payload, str) else json_codec.dumps(payload)
+    return b"data: " + data + b"\n\n"

@@ -18,6 +18,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from hardcap_core import json_codec
 from hardcap_core.auth import bearer_token
 from hardcap_core.chat import ANTHROPIC_MESSAGES, ChatRequest
 from hardcap_core.config import Config, Policy, Principal, Route
@@ -331,7 +332,7 @@ class Gateway:
         headers = admission.headers
         if meter.final_budgets:
             headers = {**headers, **wire.budget_headers(meter.final_budgets, (), _now_ms())}
-        return Response(json.dumps(body), media_type="application/json", headers=headers)
+        return Response(json_codec.dumps(body), media_type="application/json", headers=headers)
 
     def _input_bound(self, route: Route, chat: ChatRequest) -> int:
         """The request's input as the dearest-counting target of its chain bills it: an

@@ -137,18 +137,26 @@ class Relay:
     async def _run(self) -> AsyncGenerator[bytes, None]:
         """Read by read: count the whole read first, so the meter decides knowing what is in
         hand, then forward event by event while the budget allows."""
+        # What one read allows goes out as one piece: one write to the client per network read
+        # of the provider, however many events it held (a backlog can be hundreds).
         async for read in self._timed_reads():
             self.meter.note_read(sum(event.tokens for event in read))
+            out: list[bytes] = []
             for event in read:
                 if self.outcome is not None:
                     return  # ended from outside (the client left): nothing more goes out
                 ending = await self._check(event)
                 if ending is not None:
-                    yield await self.end(ending)
+                    out.append(await self.end(ending))
+                    yield b"".join(out)
                     return
                 data = self.encoder.event(event)
                 if data:
-                    yield data
+                    out.append(data)
+            if out:
+                yield out[0] if len(out) == 1 else b"".join(out)
+            if self.outcome is not None:
+                return  # ended from outside while that piece was going out
         # The provider closed the stream, or the deadline came while waiting for it.
         if self._timed_out:
             yield await self.end(Outcome.DEADLINE)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from hardcap_core import json_codec
 from hardcap_core.events import Completion, Event, FinishReason, Output, OutputKind, Usage
 from hardcap_core.tokens import streamed_tokens, text_tokens
 
@@ -92,8 +93,8 @@ class MessageDecoder:
     def event(self, data: str) -> Event:
         """The event for one SSE ``data`` payload."""
         try:
-            chunk = json.loads(data)
-        except json.JSONDecodeError:
+            chunk = json_codec.loads(data)
+        except json_codec.JSONDecodeError:
             return Event(error=MALFORMED)
         if type(chunk) is not dict:
             other = self.other(chunk)

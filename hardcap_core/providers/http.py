@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from hardcap_core import sse
+from hardcap_core import json_codec, sse
 from hardcap_core.errors import (
     GatewayError,
     InvalidRequest,
@@ -77,7 +77,7 @@ def status_error(upstream: str, status: int, content: bytes) -> GatewayError:
 
 def post(url: str, headers: Mapping[str, str], body: Any, timeout_s: float) -> UpstreamRequest:
     """A JSON POST; ``timeout_s`` bounds each wait for the provider's next bytes."""
-    return UpstreamRequest(url, headers, json.dumps(body).encode(), timeout_s)
+    return UpstreamRequest(url, headers, json_codec.dumps(body), timeout_s)
 
 
 async def send_json(transport: Transport, request: UpstreamRequest, route: str) -> dict[str, Any]:
@@ -91,7 +91,7 @@ async def send_json(transport: Transport, request: UpstreamRequest, route: str) 
     if reply.status >= 400:
         raise status_error(route, reply.status, reply.body)
     try:
-        data = json.loads(reply.body)
+        data = json_codec.loads(reply.body)
     except ValueError as e:
         raise UpstreamMalformed(f"Provider for '{route}' sent invalid JSON.") from e
     if not isinstance(data, dict):

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from hardcap_core import sse
+from hardcap_core import json_codec, sse
 from hardcap_core.chat import ANTHROPIC_MESSAGES, OPENAI_CHAT, ChatRequest
 from hardcap_core.config import Route
 from hardcap_core.errors import UpstreamMalformed
@@ -145,8 +145,8 @@ class OpenAICompatible:
         if data == sse.DONE:
             return Event(done=True)
         try:
-            chunk = json.loads(data)
-        except json.JSONDecodeError:
+            chunk = json_codec.loads(data)
+        except json_codec.JSONDecodeError:
             return Event(error=MALFORMED)
         if type(chunk) is not dict:
             # Not a chunk (a JSON array, a string, a number): nothing to forward, but what it

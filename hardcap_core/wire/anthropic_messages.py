@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from hardcap_core import json_codec
 from hardcap_core.chat import ChatRequest
 from hardcap_core.errors import GatewayError
 from hardcap_core.events import Completion, Event, FinishReason, OutputKind
@@ -259,8 +260,8 @@ class MessageEncoder:
 
 def _sse(payload: dict[str, Any]) -> bytes:
     """One Anthropic SSE event: named by its type, which is how the SDKs read it."""
-    data = json.dumps(payload, separators=(",", ":"))
-    return f"event: {payload['type']}\ndata: {data}\n\n".encode()
+    kind = payload["type"]
+    return f"event: {kind}\ndata: ".encode() + json_codec.dumps(payload) + b"\n\n"
 
 
 def _tool_id() -> str:

@@ -313,7 +313,8 @@ def test_lock_pins_every_dependency_with_hashes() -> None:
     """Two builds a month apart install the same files: == pins with hashes, nothing more."""
     pins = lock_pins()
     for name in ("redis", "hiredis", "pydantic", "pydantic-core", "pyyaml", "starlette",
-                 "uvicorn", "httptools", "certifi", "aws-lambda-powertools", "mangum"):  # fmt: skip
+                 "uvicorn", "httptools", "certifi", "orjson", "aws-lambda-powertools",
+                 "mangum"):  # fmt: skip
         assert name in pins, f"{name} is missing from infra/requirements-lambda.txt"
     assert not {"boto3", "botocore"} & set(pins), "the Lambda runtime ships boto3"
     text = (ROOT / "infra" / "requirements-lambda.txt").read_text()

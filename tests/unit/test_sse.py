@@ -78,10 +78,12 @@ CHAT_STREAM = (
     + encode(chat_chunk("", "stop"))
     + encode(DONE)
 )
-CHAT_EVENTS = [
-    json.dumps(chat_chunk("Hel"), separators=(",", ":")),
-    json.dumps(chat_chunk("lo, w\u00f6rld \u20ac \U0001f600"), separators=(",", ":")),
-    json.dumps(chat_chunk("", "stop"), separators=(",", ":")),
+CHAT_EVENTS = [  # encode() writes UTF-8 as it is, as most providers do
+    json.dumps(chat_chunk("Hel"), separators=(",", ":"), ensure_ascii=False),
+    json.dumps(
+        chat_chunk("lo, w\u00f6rld \u20ac \U0001f600"), separators=(",", ":"), ensure_ascii=False
+    ),
+    json.dumps(chat_chunk("", "stop"), separators=(",", ":"), ensure_ascii=False),
     DONE,
 ]
 
@@ -322,6 +324,9 @@ def test_encode_done_round_trips() -> None:
 def test_encoded_stream_round_trips_read_any_way() -> None:
     payloads: list[dict[str, Any] | str] = [chat_chunk("\u20ac"), chat_chunk(""), DONE]
     stream = b"".join(encode(payload) for payload in payloads)
-    expected = [p if isinstance(p, str) else json.dumps(p, separators=(",", ":")) for p in payloads]
+    expected = [
+        p if isinstance(p, str) else json.dumps(p, separators=(",", ":"), ensure_ascii=False)
+        for p in payloads
+    ]
     for cut in range(len(stream) + 1):
         assert parse([stream[:cut], stream[cut:]]) == (expected, [])
