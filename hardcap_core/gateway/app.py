@@ -177,17 +177,10 @@ def create_app(
                 error = GatewayError("Internal error in the gateway.")
                 return JSONResponse(wire.error_body(error), status_code=error.status)
             finally:
-                logger.info(
-                    "request",
-                    extra={
-                        "request_id": rid,
-                        "path": request.url.path,
-                        "status": status,
-                        "tenant": principal.tenant_id if principal else None,
-                        "key_id": principal.key_id if principal else None,
-                        "ms": round((time.perf_counter() - started) * 1000, 2),
-                    },
-                )
+                # An admitted chat request's line is written when it settles (the metrics
+                # line, gateway/metrics.py): one line per request, not two.
+                if not (status == 200 and handler is chat):
+                    _log_request(request, rid, status, principal, started)
 
         return serve
 
@@ -280,6 +273,22 @@ def snapstart_routes(runtime: Runtime) -> list[Route]:
 
         routes.append(Route(path, run_hook, methods=["POST"]))
     return routes
+
+
+def _log_request(
+    request: Request, rid: str, status: int, principal: Principal | None, started: float
+) -> None:
+    logger.info(
+        "request",
+        extra={
+            "request_id": rid,
+            "path": request.url.path,
+            "status": status,
+            "tenant": principal.tenant_id if principal else None,
+            "key_id": principal.key_id if principal else None,
+            "ms": round((time.perf_counter() - started) * 1000, 2),
+        },
+    )
 
 
 def app_from_env() -> Starlette:

@@ -340,12 +340,14 @@ class Meter:
         else:
             await charge
         added_ms = (self.admitted_in_s + self._clock() - began) * 1000
-        record_request(outcome=outcome.value, upstream=self.upstream, added_latency_ms=added_ms)
-        logger.info(
-            "request settled",
-            extra={
+        record_request(
+            outcome=outcome.value,
+            upstream=self.upstream,
+            added_latency_ms=added_ms,
+            context={
                 "route": self.route,
                 "request_id": self.meta.request_id,
+                "tenant": self.meta.tenant,
                 "key_id": self.meta.key_id,
                 "outcome": outcome.value,
                 "input_tokens": self.charged_input,

@@ -12,6 +12,12 @@ measured with ``timeit`` on the development machine. The shape is the one Powert
 (namespace, ``Timestamp`` in epoch ms, values at the root), with no ``service`` dimension; a
 test parses it as the dashboard reads it. ``POWERTOOLS_METRICS_DISABLED`` (and
 ``POWERTOOLS_DEV``) silence it as they silence Powertools.
+
+The same line is the request's log line: its ``context`` (route, request id, key, tokens, ...)
+rides in it as properties, which CloudWatch Logs Insights reads like any JSON log field and
+the metrics ignore. One line per request, not a log line and a metrics line: each is a write
+to the Lambda log pipe, and Powertools' Logger spends ~50 µs formatting one. With metrics off,
+the context is logged through the logger as before.
 """
 
 from __future__ import annotations
@@ -20,8 +26,13 @@ import json
 import math
 import sys
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from aws_lambda_powertools.metrics.functions import is_metrics_disabled
+
+from hardcap_core import json_codec
+from hardcap_core.logs import logger
 
 NAMESPACE = "Hardcap"
 # What a dimension holds when the caller has no value: CloudWatch rejects an empty one, and a
@@ -50,18 +61,32 @@ _PREFIX = '{"_aws":{"CloudWatchMetrics":' + _DIRECTIVES + ',"Timestamp":'
 _quote = json.encoder.encode_basestring_ascii
 
 
-def record_request(*, outcome: str, upstream: str, added_latency_ms: float) -> None:
+def record_request(
+    *,
+    outcome: str,
+    upstream: str,
+    added_latency_ms: float,
+    message: str = "request settled",
+    context: Mapping[str, Any] | None = None,
+) -> None:
     """Write one request's metrics: its outcome, the upstream that served it, and the time the
-    gateway added to it (everything but the upstream's own time), in milliseconds.
+    gateway added to it (everything but the upstream's own time), in milliseconds; with
+    ``message`` and the ``context`` fields of its log line (lower-case names, so they never
+    meet a metric's or dimension's).
 
     Raises ValueError for a latency that is not a finite number (JSON cannot carry it)."""
     if not math.isfinite(added_latency_ms):
         raise ValueError(f"added latency {added_latency_ms!r} is not a finite number")
     if is_metrics_disabled():
+        logger.info(message, extra=dict(context or {}))
         return
+    now_ms = time.time_ns() // 1_000_000
+    fields = json_codec.dumps(context)[1:-1].decode() if context else ""
     line = (
-        f"{_PREFIX}{time.time_ns() // 1_000_000}}}"
+        f"{_PREFIX}{now_ms}}}"
         f',"Outcome":{_quote(outcome or NO_VALUE)},"Upstream":{_quote(upstream or NO_VALUE)}'
-        f',"Requests":1,"AddedLatency":{float(added_latency_ms)!r}}}\n'
+        f',"Requests":1,"AddedLatency":{float(added_latency_ms)!r}'
+        f',"level":"INFO","message":{_quote(message)},"timestamp":{now_ms}'
+        f"{',' if fields else ''}{fields}}}\n"
     )
     sys.stdout.write(line)

@@ -260,3 +260,20 @@ def test_gateway_writes_one_line_per_request(
     monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
     record_request(outcome="completed", upstream="openai", added_latency_ms=1.0)
     assert capsys.readouterr().out == ""
+
+
+def test_the_metrics_line_is_also_the_requests_log_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """One write per request: the log fields ride in the EMF line, which Logs Insights reads
+    as JSON, and they neither add a metric nor change one."""
+    context = {"route": "small", "request_id": "r-1", "tenant": "acme", "output_tokens": 7}
+    record_request(outcome="completed", upstream="openai", added_latency_ms=1.5, context=context)
+    (line,) = capsys.readouterr().out.splitlines()
+    blob = json.loads(line)
+    assert {k: blob[k] for k in context} == context
+    assert (blob["level"], blob["message"]) == ("INFO", "request settled")
+    assert set(declared(blob)) == {
+        ("Hardcap", frozenset({"Outcome"}), "Requests"),
+        ("Hardcap", frozenset({"Upstream"}), "Requests"),
+        ("Hardcap", frozenset({"Upstream"}), "AddedLatency"),
+    }
+    assert (blob["Outcome"], blob["AddedLatency"]) == ("completed", 1.5)
