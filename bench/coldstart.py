@@ -283,6 +283,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
 def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--runs", type=int, default=10, help="cold starts per entry and target")
+    parser.add_argument("--quick", action="store_true", help="3 runs: a smoke test")
     parser.add_argument("--artifact", help="a built artifact folder to measure as well")
     parser.add_argument("--python", help="CPython 3.13 for the artifact (default python3.13)")
     parser.add_argument(
@@ -298,7 +299,10 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "coldstart.json"))
     parser.add_argument("--plot", help="also draw the medians into this PNG (matplotlib)")
-    return parser.parse_args(None if argv is None else list(argv))
+    args = parser.parse_args(None if argv is None else list(argv))
+    if args.quick:
+        args.runs = 3
+    return args
 
 
 def main(argv: Iterable[str] | None = None) -> int:
