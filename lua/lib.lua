@@ -29,10 +29,11 @@ local K_RESTORED = 9    -- hc:{root}:restored    string  set once the counters w
 --   x: 1 to be charged (not refunded) when it expires, t: admitted at, ms}
 -- Meta (m): {rt: route, md: upstream model, k: key id, rq: request id, tn: tenant, og: org,
 --   pv: upstream (provider) name}: what a usage record says about who spent and where.
--- A usage record (K_USAGE; parsed by hardcap_core/rollup/records.py): v, kind (s settle,
---   x expiry charge, r refusal), rid, tn, org, k, rt, md, pv, rq, oc (outcome), est (1: the
---   amounts are an estimate), n (requests it counts), in, out, rs (reasoning), ci (cached
---   input), usd (nUSD), t0 (admitted at, ms); amounts are what the record adds to spend.
+-- A usage record (K_USAGE; parsed by hardcap_core/rollup/records.py), one field 'r' (format 2,
+--   see append_record): est (1: the amounts are an estimate), n (requests it counts), in, out,
+--   rs (reasoning), ci (cached input), usd (nUSD), t0 (admitted at, ms), then kind (s settle,
+--   x expiry charge, r refusal), rid, tn, org, k, rt, md, pv, rq, oc (outcome); amounts are
+--   what the record adds to spend.
 -- An expiry record (K_EXPIRED): {c: [[field, dim, used key]...] charged, i, o, pi, po: the counts
 --   and prices charged, r: bucket levels, m: meta, e: 1 (an estimate: the provider's count never
 --   arrived)}
@@ -80,9 +81,11 @@ end
 
 -- Keep keys alive at least `ms`: they vanish by themselves once traffic stops, and by then
 -- every reservation in them has expired.
+-- GT first: a live key already has a TTL, and GT (which treats no TTL as infinite) then takes
+-- one call; NX sets the TTL of a key that has none.
 local function keep_alive(ms, ...)
   for _, k in ipairs({...}) do
-    if redis.call('PEXPIRE', k, ms, 'NX') == 0 then redis.call('PEXPIRE', k, ms, 'GT') end
+    if redis.call('PEXPIRE', k, ms, 'GT') == 0 then redis.call('PEXPIRE', k, ms, 'NX') end
   end
 end
 
@@ -98,16 +101,17 @@ local function int(x)
 end
 
 -- Append a usage record: `kind` 's' | 'x' | 'r', meta `m` (see above), counts `c`:
--- {oc, est, n, i, o, rs, ci, usd, t0}.
+-- {oc, est, n, i, o, rs, ci, usd, t0}. One field, 'r' (format 2): the version and the eight
+-- integers est, n, in, out, rs, ci, usd, t0, each followed by a comma, then a JSON array of the
+-- strings kind, rid, tn, org, k, rt, md, pv, rq, oc. (Format 1 had a field per value: 20
+-- fields took the XADD from 4.8 to 8.7 µs of server time, measured on this 2-core VM.)
 local function append_record(kind, rid, m, c)
   m = m or {}
-  redis.call('XADD', KEYS[K_USAGE], 'MAXLEN', '~', USAGE_MAXLEN, '*',
-    'v', '1', 'kind', kind, 'rid', rid,
-    'tn', m.tn or '', 'org', m.og or '', 'k', m.k or '', 'rt', m.rt or '', 'md', m.md or '',
-    'pv', m.pv or '', 'rq', m.rq or '',
-    'oc', c.oc, 'est', c.est or 0, 'n', c.n or 1,
-    'in', int(c.i or 0), 'out', int(c.o or 0), 'rs', int(c.rs or 0), 'ci', int(c.ci or 0),
-    'usd', int(c.usd or 0), 't0', int(c.t0 or 0))
+  local r = string.format('2,%d,%d,%d,%d,%d,%d,%d,%d,', c.est or 0, c.n or 1, c.i or 0,
+    c.o or 0, c.rs or 0, c.ci or 0, c.usd or 0, c.t0 or 0) ..
+    cjson.encode({kind, rid, m.tn or '', m.og or '', m.k or '', m.rt or '', m.md or '',
+                  m.pv or '', m.rq or '', c.oc})
+  redis.call('XADD', KEYS[K_USAGE], 'MAXLEN', '~', USAGE_MAXLEN, '*', 'r', r)
 end
 
 -- Whether this hierarchy's counters are in place: restored from the durable ledger after the

@@ -12,12 +12,14 @@ the real counts (``requests`` 0, amounts possibly negative). Their sum is what w
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"  # what lua/lib.lua writes
+FORMAT_VERSION_1 = "1"  # still read: a stream may hold them from before an upgrade
 
 
 class RecordKind(StrEnum):
@@ -63,9 +65,15 @@ class UsageRecord:
 def parse_entry(entry_id: str | bytes, fields: Mapping[Any, Any]) -> UsageRecord:
     """A stream entry (as redis-py returns it) as a :class:`UsageRecord`.
 
-    Raises ValueError for an entry that is not a usage record of a known format."""
+    Reads format 2 (one field ``r``: ``2,est,n,in,out,rs,ci,usd,t0,`` then a JSON array of
+    kind, rid, tn, org, k, rt, md, pv, rq, oc) and format 1 (a field per value, ``v`` = 1), which
+    a stream may still hold from before an upgrade. Raises ValueError for an entry that is not a
+    usage record of a known format."""
     f = {_text(k): _text(v) for k, v in fields.items()}
-    if f.get("v") != FORMAT_VERSION:
+    packed = f.get("r")
+    if packed is not None:
+        return _parse_packed(_text(entry_id), packed)
+    if f.get("v") != FORMAT_VERSION_1:
         raise ValueError(f"usage record {_text(entry_id)} has format {f.get('v')!r}")
     try:
         return UsageRecord(
@@ -91,6 +99,24 @@ def parse_entry(entry_id: str | bytes, fields: Mapping[Any, Any]) -> UsageRecord
         )
     except KeyError as e:
         raise ValueError(f"usage record {_text(entry_id)} lacks {e}") from e
+
+
+def _parse_packed(entry_id: str, packed: str) -> UsageRecord:
+    parts = packed.split(",", 9)
+    if len(parts) != 10 or parts[0] != FORMAT_VERSION:
+        raise ValueError(f"usage record {entry_id} has format {parts[0]!r}")
+    try:
+        est, n, inp, out, rs, ci, usd, t0 = (_int(x) for x in parts[1:9])
+        strings = json.loads(parts[9])
+        kind, rid, tn, org, k, rt, md, pv, rq, oc = (str(x) for x in strings)
+        return UsageRecord(
+            entry_id=entry_id, kind=RecordKind(kind), reservation_id=rid, tenant=tn, org=org,
+            key_id=k, route=rt, model=md, provider=pv, request_id=rq, outcome=oc,
+            estimate=est == 1, requests=n, input_tokens=inp, output_tokens=out,
+            reasoning_tokens=rs, cached_input_tokens=ci, cost_nusd=usd, admitted_ms=t0,
+        )  # fmt: skip
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"usage record {entry_id} is malformed: {e}") from e
 
 
 def _text(x: bytes | str) -> str:

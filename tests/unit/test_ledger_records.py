@@ -1,0 +1,51 @@
+"""The usage record's formats as the rollup reads them: format 2 (one packed field, what
+lua/lib.lua writes) and format 1 (a field per value, still in streams from before an upgrade)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hardcap_core.rollup.records import RecordKind, parse_entry
+
+STRINGS = '["s","r1","alpha","acme","key-1","chat","gpt-4o-mini","openai","req\\"1","completed"]'
+
+
+def test_format_2_is_parsed_field_by_field() -> None:
+    r = parse_entry(
+        b"1700000000000-3", {b"r": f"2,1,0,200,-150,7,5,120000,1699999999000,{STRINGS}"}
+    )
+    assert (r.kind, r.reservation_id, r.tenant, r.org, r.key_id) == (
+        RecordKind.SETTLE, "r1", "alpha", "acme", "key-1",
+    )  # fmt: skip
+    assert (r.route, r.model, r.provider, r.request_id, r.outcome) == (
+        "chat", "gpt-4o-mini", "openai", 'req"1', "completed",
+    )  # fmt: skip
+    assert (r.estimate, r.requests, r.input_tokens, r.output_tokens) == (True, 0, 200, -150)
+    assert (r.reasoning_tokens, r.cached_input_tokens, r.cost_nusd) == (7, 5, 120000)
+    assert (r.admitted_ms, r.at_ms) == (1699999999000, 1700000000000)
+
+
+def test_format_1_is_still_read() -> None:
+    fields = {
+        "v": "1", "kind": "r", "rid": "r2", "tn": "alpha", "org": "", "k": "key-1", "rt": "chat",
+        "md": "m", "pv": "p", "rq": "q", "oc": "busy", "est": "0", "n": "1", "in": "0",
+        "out": "0", "rs": "0", "ci": "0", "usd": "0", "t0": "5",
+    }  # fmt: skip
+    r = parse_entry("7-0", fields)
+    assert r.refused and r.outcome == "busy" and r.admitted_ms == 5 and r.requests == 1
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"r": "3,0,1,0,0,0,0,0,0,[]"},
+        {"r": "2,0,1,0,0"},
+        {"r": '2,0,1,0,0,0,0,0,0,["s","r1"]'},
+        {"r": "2,0,1,x,0,0,0,0,0," + STRINGS},
+        {"r": '2,0,1,0,0,0,0,0,0,["?","r1","","","","","","","","oc"]'},
+        {"v": "9"},
+    ],
+)
+def test_unknown_or_malformed_records_are_refused(fields: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match="usage record 1-0"):
+        parse_entry("1-0", fields)
