@@ -28,7 +28,8 @@ from typing import Any
 from hardcap_core.budgets import Prices, Scope
 from hardcap_core.errors import LedgerProtocolError, LedgerUnavailable
 from hardcap_core.ledger.connection import SOCKET_TIMEOUT_S, guarded
-from hardcap_core.ledger.keys import Keyspace, org_of, tenant_of, window_of_spec
+from hardcap_core.ledger.keys import Keyspace, window_of_spec
+from hardcap_core.ledger.plan import Plans, ScopePlan, dumps
 from hardcap_core.ledger.replies import (
     NO_META,
     AdmitResult,
@@ -88,6 +89,7 @@ class Ledger:
         self._restoring: dict[str, asyncio.Future[None]] = {}
         self.scripts = Scripts.register(client)
         self.keys = Keyspace(prefix)
+        self.plans = Plans(self.keys)
         self.ttl_ms = int(reservation_ttl_s * 1000)
         # How long after sending a call gives up (the client's socket timeout); an admit must
         # run before then, less LATE_MARGIN_MS, or reserve nothing.
@@ -128,28 +130,22 @@ class Ledger:
             raise ValueError("input_tokens must be >= 0 and output_estimate >= 1")
         least = output_estimate if min_output is None else max(1, min(min_output, output_estimate))
         rid = reservation_id or uuid.uuid4().hex
-        meta = _with_levels(meta, scope)
-        rates = [
-            [r.level.tag, r.requests_per_minute or 0, r.tokens_per_minute or 0]
-            for r in scope.rate_limits
-        ]
-        extra = {
-            "r": rates,
-            "i": input_tokens,
-            "o": output_estimate,
-            "mo": least,
-            "pi": prices.input_nusd,
-            "po": prices.output_nusd,
-            "m": meta.record(),
-            "x": 1 if charge_on_expiry else 0,
-            "lv": [level.tag for level in scope.levels],
-        }
+        plan = self.plans.of(scope)
+        meta = _with_levels(meta, plan)
+        # Everything but the budget rows and windows (b, w, xm), in the spec's JSON.
+        extra = (
+            f',"r":{plan.rates_json},"i":{int(input_tokens)},"o":{int(output_estimate)}'
+            f',"mo":{int(least)},"pi":{int(prices.input_nusd)},"po":{int(prices.output_nusd)}'
+            f',"m":{dumps(meta.record())},"x":{1 if charge_on_expiry else 0}'
+            f',"lv":{plan.levels_json}'
+        )
+        settled = plan.settled_prefix + rid
 
         def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
-            used_keys, spec = self._budget_spec(scope, now_ms, more)
-            spec.update(extra, na=now_ms + self.call_timeout_ms - LATE_MARGIN_MS)
-            keys = [*self.keys.ledger(scope), self.keys.settled(scope, rid), *used_keys]
-            return keys, [rid, self.ttl_ms, _dumps(spec)]
+            used_keys, spec = self._spec_json(plan, now_ms, more)
+            na = now_ms + self.call_timeout_ms - LATE_MARGIN_MS
+            keys = [*plan.ledger_keys, settled, *used_keys]
+            return keys, [rid, self.ttl_ms, f'{spec}{extra},"na":{na}}}']
 
         try:
             reply = await self._run(self.scripts.admit, build, scope=scope)
@@ -170,11 +166,12 @@ class Ledger:
         if tokens < 0:
             raise ValueError("tokens must be >= 0")
         scope = reservation.scope
+        plan = self.plans.of(scope)
 
         def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
-            used_keys, spec = self._budget_spec(scope, now_ms, more)
-            keys = self.keys.ledger(scope) + used_keys
-            return keys, [reservation.id, tokens, least, self.ttl_ms, _dumps(spec)]
+            used_keys, spec = self._spec_json(plan, now_ms, more)
+            keys = plan.ledger_keys + used_keys
+            return keys, [reservation.id, tokens, least, self.ttl_ms, spec + "}"]
 
         return parse_extend(await self._run(self.scripts.extend, build), scope)
 
@@ -195,22 +192,20 @@ class Ledger:
         (:attr:`Settled.expiry_charged`)."""
         scope = reservation.scope
         prices = reservation.prices
-        record = note.record(_with_levels(reservation.meta, scope))
+        plan = self.plans.of(scope)
+        record = note.record(_with_levels(reservation.meta, plan))
+        cost = "" if cost_nusd is None else f',"c":{max(int(cost_nusd), 0)}'
+        extra = (
+            f',"pi":{int(prices.input_nusd)},"po":{int(prices.output_nusd)}'
+            f',"u":{dumps(record)}{cost}}}'
+        )
+        settled = plan.settled_prefix + reservation.id
+        args_after = [max(input_tokens, 0), max(output_tokens, 0), SETTLE_MEMORY_MS]
 
         def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
-            used_keys, spec = self._budget_spec(scope, now_ms, more)
-            spec.update(pi=prices.input_nusd, po=prices.output_nusd, u=record)
-            if cost_nusd is not None:
-                spec["c"] = max(int(cost_nusd), 0)
-            keys = [*self.keys.ledger(scope), self.keys.settled(scope, reservation.id), *used_keys]
-            args = [
-                reservation.id,
-                max(input_tokens, 0),
-                max(output_tokens, 0),
-                SETTLE_MEMORY_MS,
-                _dumps(spec),
-            ]
-            return keys, args
+            used_keys, spec = self._spec_json(plan, now_ms, more)
+            keys = [*plan.ledger_keys, settled, *used_keys]
+            return keys, [reservation.id, *args_after, spec + extra]
 
         return parse_settle(await self._run(self.scripts.settle, build, scope=scope), scope)
 
@@ -218,10 +213,11 @@ class Ledger:
         """Used, reserved and reset of every budget in ``scope`` (expired holds reclaimed first),
         and the live reservations of each of its levels (its tenant's as ``live_reservations``)."""
 
+        plan = self.plans.of(scope)
+
         def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
-            used_keys, spec = self._budget_spec(scope, now_ms, more)
-            spec["lv"] = [level.tag for level in scope.levels]
-            return self.keys.ledger(scope) + used_keys, [_dumps(spec)]
+            used_keys, spec = self._spec_json(plan, now_ms, more)
+            return plan.ledger_keys + used_keys, [f'{spec},"lv":{plan.levels_json}}}']
 
         return parse_usage(await self._run(self.scripts.usage, build, scope=scope), scope)
 
@@ -308,6 +304,18 @@ class Ledger:
         """Best guess of the server's clock, from the offset seen in earlier replies."""
         return int(time.time() * 1000) + self._offset_ms
 
+    def _spec_json(
+        self, plan: ScopePlan, now_ms: int, more: tuple[str, ...]
+    ) -> tuple[list[str], str]:
+        """Used keys and the spec's JSON up to its closing brace: ``{"b":..,"w":..,"xm":..``
+        (the caller adds its own fields and the brace). From the plan, unless ``more`` names
+        other windows (an expired hold of another scope of the hierarchy)."""
+        if more:
+            used_keys, spec = self._budget_spec(plan.scope, now_ms, more)
+            return used_keys, _dumps(spec)[:-1]
+        used_keys, windows = plan.current(now_ms)
+        return used_keys, f'{{"b":{plan.rows_json},"w":{windows},"xm":{SETTLE_MEMORY_MS}'
+
     def _budget_spec(
         self, scope: Scope, now_ms: int, more: tuple[str, ...] = ()
     ) -> tuple[list[str], dict[str, Any]]:
@@ -340,9 +348,10 @@ class Ledger:
             reply = await guarded(script(keys=keys, args=args))
             if not isinstance(reply, list) or len(reply) < 2:
                 raise LedgerProtocolError(f"a script replied {reply!r}")
-            reply = [x.decode() if isinstance(x, bytes) else x for x in reply]
-            self._offset_ms = int(reply[1]) - int(time.time() * 1000)
             status = reply[0]
+            if isinstance(status, bytes):
+                status = reply[0] = status.decode()
+            self._offset_ms = int(reply[1]) - int(time.time() * 1000)
             if status == "windows":
                 more = (*more, *_window_specs(reply[2:], more))
             elif status == "hydrate" and scope is not None and not restoring:
@@ -361,7 +370,7 @@ class Ledger:
 def _window_specs(named: list[Any], known: tuple[str, ...]) -> list[str]:
     """The window specs a 'windows' reply names that are not in ``known``, checked."""
     out = []
-    for x in map(str, named):
+    for x in (n.decode() if isinstance(n, bytes) else str(n) for n in named):
         try:
             window_of_spec(x)
         except ValueError as e:
@@ -371,12 +380,14 @@ def _window_specs(named: list[Any], known: tuple[str, ...]) -> list[str]:
     return out
 
 
-def _with_levels(meta: ReservationMeta, scope: Scope) -> ReservationMeta:
-    """``meta`` with its tenant and org filled from ``scope`` where empty."""
-    tenant, org = tenant_of(scope), org_of(scope)
+def _with_levels(meta: ReservationMeta, plan: ScopePlan) -> ReservationMeta:
+    """``meta`` with its tenant and org filled from the plan's scope where empty."""
+    tenant, org = plan.tenant, plan.org
     if (meta.tenant or not tenant) and (meta.org or not org):
         return meta
-    return dataclasses.replace(meta, tenant=meta.tenant or tenant or "", org=meta.org or org or "")
+    if meta is NO_META:
+        return plan.no_meta
+    return dataclasses.replace(meta, tenant=meta.tenant or tenant, org=meta.org or org)
 
 
 def _dumps(spec: dict[str, Any]) -> str:

@@ -277,7 +277,10 @@ class ReplyReader:
     def budget_states(self) -> tuple[BudgetState, ...]:
         """<budget state>: n, then n pairs (remaining, reset_ms) in the scope's budget order."""
         n = self.int()
-        return tuple(BudgetState(self.scope.budgets[i], self.int(), self.int()) for i in range(n))
+        at, budgets = self.pos, self.scope.budgets
+        values = [int(v) for v in self.reply[at : at + 2 * n]]
+        self.pos = at + 2 * n
+        return tuple(BudgetState(budgets[i], values[2 * i], values[2 * i + 1]) for i in range(n))
 
     def rate_states(self) -> tuple[RateState, ...]:
         """<rate state>: m, then m quads (rpm left, rpm reset, tpm left, tpm reset); -1 unset."""
@@ -286,8 +289,10 @@ class ReplyReader:
         n = self.int()
         out = []
         for limit in self.scope.rate_limits[:n]:
-            values = [self.int() for _ in range(4)]
-            out.append(RateState(limit, *[None if v == -1 else v for v in values]))
+            at = self.pos
+            self.pos = at + 4
+            values = [None if v == -1 else v for v in map(int, self.reply[at : at + 4])]
+            out.append(RateState(limit, *values))
         return tuple(out)
 
     def locate(self, what: str) -> tuple[Level, str, Budget | None]:
