@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from hardcap_core.config.schema import BreakerSettings
+from hardcap_core.config.settings import BreakerSettings
 from hardcap_core.errors import LedgerProtocolError, LedgerUnavailable
 from hardcap_core.ledger.connection import guarded
 from hardcap_core.ledger.keys import Keyspace

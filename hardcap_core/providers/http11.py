@@ -344,7 +344,7 @@ class Http11Transport:
 
     def _tls_context(self) -> ssl.SSLContext:
         if self._tls is None:
-            self._tls = ssl.create_default_context(cafile=_ca_file())
+            self._tls = default_tls()
         return self._tls
 
     async def aclose(self) -> None:
@@ -352,6 +352,11 @@ class Http11Transport:
             for conn in idle:
                 conn.close()
         self._idle.clear()
+
+
+def default_tls() -> ssl.SSLContext:
+    """What HTTPS upstreams are checked with: certifi's CAs, hostnames verified."""
+    return ssl.create_default_context(cafile=_ca_file())
 
 
 def _ca_file() -> str | None:

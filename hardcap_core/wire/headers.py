@@ -10,8 +10,8 @@ Each value comes from the same script reply that admitted or refused the request
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 
 from hardcap_core.budgets import NANO_USD_PER_USD, Dimension
 from hardcap_core.ledger.replies import BudgetState, RateState
@@ -42,10 +42,9 @@ def budget_headers(
     if tokens:
         tight = min(tokens, key=lambda b: b.remaining)
         remaining = max(tight.remaining, 0)
-        reset_at = datetime.fromtimestamp((now_ms + tight.reset_ms) / 1000, UTC)
         headers["x-token-budget-limit"] = str(tight.budget.limit)
         headers["x-token-budget-remaining"] = str(remaining)
-        headers["x-token-budget-reset"] = reset_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+        headers["x-token-budget-reset"] = _iso((now_ms + tight.reset_ms) // 1000)
         headers["x-token-budget-scope"] = (
             f"{tight.budget.level} {tight.budget.dimension.value} {tight.budget.window.spec}"
         )
@@ -79,6 +78,18 @@ def _rate_headers(headers: dict[str, str], rates: Sequence[RateState]) -> None:
             headers["x-ratelimit-limit-tokens"] = str(tb.limit.tokens_per_minute)
             headers["x-ratelimit-remaining-tokens"] = str(tb.tokens_remaining)
             headers["x-ratelimit-reset-tokens"] = duration(tb.tokens_reset_ms or 0)
+
+
+_last_iso: tuple[int, str] = (-1, "")
+
+
+def _iso(second: int) -> str:
+    """``second`` (Unix time) as ISO 8601 UTC; the last one is kept, as every request on a
+    budget resetting at the same boundary asks for the same."""
+    global _last_iso
+    if _last_iso[0] != second:
+        _last_iso = (second, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second)))
+    return _last_iso[1]
 
 
 def _usd(nano: int) -> str:
