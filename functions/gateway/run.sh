@@ -24,6 +24,8 @@ export PYTHONPATH="$task_root:${PYTHONPATH:-}:/opt/python:${LAMBDA_RUNTIME_DIR:-
 # --timeout-keep-alive: the adapter pools its connection to uvicorn and drops it after 4 s idle;
 #   the server must not close first, or a request can land on a socket being closed.
 # --no-access-log: the app logs one JSON line per request; a second line only costs ingestion.
+# --no-proxy-headers: the app reads no client address; uvicorn's X-Forwarded-For middleware would
+#   be one more layer for every request and every streamed piece.
 # --lifespan on: a config or startup error stops the process, so the failure is visible in the
 #   init logs instead of as a gateway answering 500s.
 # uvloop and httptools (both in infra/requirements-lambda.txt), named rather than left to uvicorn's
@@ -33,4 +35,5 @@ export PYTHONPATH="$task_root:${PYTHONPATH:-}:/opt/python:${LAMBDA_RUNTIME_DIR:-
 exec python -m uvicorn --factory hardcap_core.gateway.app:app_from_env \
     --host 127.0.0.1 --port "${AWS_LWA_PORT:-8080}" \
     --loop uvloop --http httptools --lifespan on \
-    --timeout-keep-alive 75 --no-access-log --no-server-header --log-level warning
+    --timeout-keep-alive 75 --no-access-log --no-server-header --no-proxy-headers \
+    --log-level warning

@@ -18,6 +18,9 @@ UVICORN_OPTIONS: dict[str, Any] = {
     "log_level": "warning",
     "lifespan": "on",
     "timeout_keep_alive": 75,
+    # The gateway reads no client address: uvicorn's X-Forwarded-For middleware is one more
+    # layer every request and every streamed piece passes through (as in run.sh).
+    "proxy_headers": False,
 }
 
 
