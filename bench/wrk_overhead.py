@@ -60,6 +60,7 @@ from bench.wrk_run import (
     problems,
     run_wrk,
     settle,
+    steal_seconds,
     verify,
     wait_quiet,
     wrk_command,
@@ -176,11 +177,12 @@ def block(
     while True:
         settled = settle([target.pid, pids["mock"]])
         quiet = wait_quiet(pids)
-        irq0, watch = irq_seconds(), CpuWatch(pids).start()
+        irq0, steal0, watch = irq_seconds(), steal_seconds(), CpuWatch(pids).start()
         res = run_wrk(
             target, body, connections=connections, threads=threads, seconds=ns.block_seconds
         )
         cpu = fold_wrk_cpu(watch.stop(), res["wrk_cpu_seconds"], irq_seconds() - irq0)
+        cpu["steal_seconds"] = round(steal_seconds() - steal0, 2)
         if (cpu["other_share"] or 0.0) <= CONTENDED or retries == RETRIES_CONTENDED:
             break
         retries += 1

@@ -129,6 +129,16 @@ def wait_quiet(pids: dict[str, int], timeout_s: float = QUIET_WAIT_S) -> float:
     return round(time.monotonic() - started, 1)
 
 
+def steal_seconds() -> float:
+    """CPU seconds the hypervisor gave other guests while this VM wanted to run (/proc/stat):
+    it slows every process here without showing in their CPU times, so a block records it."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return 0.0
+    return int(fields[7]) / os.sysconf("SC_CLK_TCK") if len(fields) > 7 else 0.0
+
+
 def irq_seconds() -> float:
     """CPU seconds the machine spent in hard and soft interrupts since boot (/proc/stat)."""
     try:
