@@ -98,6 +98,7 @@ class SharedP95Estimator:
         # (route, tenant) -> (read at, value, n)
         self._cache: dict[tuple[str, str | None], tuple[float, int, int]] = {}
         self._consensus: dict[str, tuple[float, Consensus]] = {}
+        self._voted: dict[tuple[str, str], int] = {}  # (route, tenant) -> the value last voted
         # While the server is unreachable, every estimate is max_tokens without asking again
         # (until this monotonic time), so a request does not wait out a timeout twice.
         self._down_until = 0.0
@@ -155,7 +156,18 @@ class SharedP95Estimator:
             recompute_every=RECOMPUTE_EVERY,
             tenant=tenant,
         )
-        self._cache[(route, tenant)] = (time.monotonic(), stats.value, stats.samples)
-        if tenant is not None and stats.samples >= self.min_samples and stats.value > 0:
-            found = await self.ledger.vote_output(route, tenant, stats.value)
-            self._consensus[route] = (time.monotonic(), found)
+        now = time.monotonic()
+        self._cache[(route, tenant)] = (now, stats.value, stats.samples)
+        if tenant is None or stats.samples < self.min_samples or stats.value <= 0:
+            return
+        # The tenant's vote is its quantile, which the server recomputes every
+        # RECOMPUTE_EVERY samples: voting again an unchanged value changes nothing, and would
+        # cost every completed reply a second round trip. Voted when it changed, or when this
+        # process's view of the consensus is older than the cache allows.
+        key = (route, tenant)
+        known = self._consensus.get(route)
+        if self._voted.get(key) == stats.value and known and now - known[0] < self.cache_seconds:
+            return
+        found = await self.ledger.vote_output(route, tenant, stats.value)
+        self._voted[key] = stats.value
+        self._consensus[route] = (time.monotonic(), found)

@@ -180,3 +180,24 @@ async def test_a_tenants_sample_lives_in_its_own_slot(ledger: Ledger, other_ledg
 async def observe_all_for(est: SharedP95Estimator, tenant: str, values: list[int]) -> None:
     for v in values:
         await est.observe(ROUTE, v, truncated=False, tenant=tenant)
+
+
+async def test_a_tenant_votes_again_only_when_its_quantile_moves(ledger: Ledger) -> None:
+    """Every completed reply records a sample; the vote (a second round trip) goes out when the
+    tenant's quantile changed, not once per reply — and the consensus still follows it."""
+    est = SharedP95Estimator(ledger, min_samples=10, cache_seconds=60)
+    votes: list[int] = []
+    vote = ledger.vote_output
+
+    async def counted(route: str, tenant: str, value: int) -> Any:
+        votes.append(value)
+        return await vote(route, tenant, value)
+
+    ledger.vote_output = counted  # type: ignore[method-assign]
+    for v in [40] * 30:
+        await est.observe(ROUTE, v, truncated=False, tenant="t1")
+    assert votes == [40]  # the sample reached 10 at 40, and its quantile stayed there
+    for v in [400] * 40:
+        await est.observe(ROUTE, v, truncated=False, tenant="t1")
+    assert votes[0] == 40 and votes[-1] == 400 and len(votes) <= 4
+    assert (await ledger.output_consensus(ROUTE)).tenants == 1
