@@ -47,7 +47,9 @@ def _bedrock_statement(template: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """(its condition, the statement) of the one gateway statement granting a bedrock action:
     an Fn::If that is no statement at all when the condition is false."""
     policies = template["Resources"]["GatewayRole"]["Properties"]["Policies"]
-    statements = [s for p in policies for s in p["PolicyDocument"]["Statement"]]
+    # A policy in an Fn::If (the VPC-only one) counts by its policy branch.
+    documents = [p["Fn::If"][1] if "Fn::If" in p else p for p in policies]
+    statements = [s for p in documents for s in p["PolicyDocument"]["Statement"]]
     bedrock = [s for s in statements if any(a.startswith("bedrock:") for a in _actions(s))]
     assert len(bedrock) == 1
     condition, granted, otherwise = bedrock[0]["Fn::If"]
@@ -90,9 +92,14 @@ def test_a_created_vpc_reaches_bedrock_through_an_endpoint() -> None:
     assert props["VpcEndpointType"] == "Interface" and props["PrivateDnsEnabled"] is True
     assert props["SubnetIds"] == [{"Ref": "PrivateSubnetA"}, {"Ref": "PrivateSubnetB"}]
     assert props["SecurityGroupIds"] == [{"Ref": "EndpointSecurityGroup"}]
-    condition = template["Conditions"][endpoint["Condition"]]
+    conditions = template["Conditions"]
+    condition = conditions[endpoint["Condition"]]
     assert condition == {
-        "Fn::And": [{"Fn::Condition": "CreateVpc"}, {"Fn::Condition": "UseBedrock"}]
+        "Fn::And": [{"Fn::Condition": "EndpointsForAws"}, {"Fn::Condition": "UseBedrock"}]
+    }
+    # A created VPC with Egress=nat or none; with ipv6 the dual-stack public endpoint instead.
+    assert conditions["EndpointsForAws"] == {
+        "Fn::And": [{"Fn::Condition": "CreateVpc"}, {"Fn::Not": [{"Fn::Condition": "Ipv6Egress"}]}]
     }
 
 

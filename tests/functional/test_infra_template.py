@@ -9,6 +9,7 @@ a component named here (Powertools, the Lambda Web Adapter). So a renamed consta
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import shutil
@@ -61,6 +62,14 @@ SET_BY_LAMBDA = {
     "AWS_SECRET_ACCESS_KEY",
     "AWS_SESSION_TOKEN",
     "AWS_REGION",
+}
+
+# Variables shared code reads whose absence is a setting: unset, the feature is off. The
+# template sets them only where the feature is on (the gateway, SnapStart=on: the Web Adapter's
+# hook paths, which gateway/app.py serves only when set).
+OPTIONAL_READS = {
+    "AWS_LWA_SNAPSTART_BEFORE_CHECKPOINT_PATH",
+    "AWS_LWA_SNAPSTART_AFTER_RESTORE_PATH",
 }
 
 # Reads whose name is data, not code: the config's `api_key_env` names a variable the operator
@@ -166,10 +175,47 @@ def _env_name_argument(node: ast.AST) -> ast.expr | None:
     return None
 
 
+def _dicts_of_names(tree: ast.Module) -> dict[str, list[str]]:
+    """Module-level dicts keyed by string constants: ``NAMES = {"A_VAR": ..., "B_VAR": ...}``."""
+    found: dict[str, list[str]] = {}
+    for n in tree.body:
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Dict):
+            keys = n.value.keys
+            if keys and all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in keys):
+                for t in n.targets:
+                    if isinstance(t, ast.Name):
+                        found[t.id] = [k.value for k in keys]  # type: ignore[union-attr]
+    return found
+
+
+def _loop_names(tree: ast.Module) -> dict[str, list[str]]:
+    """Loop variables that take the keys of such a dict: ``for name in NAMES`` (or ``.keys()``),
+    ``for name, value in NAMES.items()`` (app.py's SnapStart hooks are read this way)."""
+    dicts = _dicts_of_names(tree)
+    found: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.For, ast.AsyncFor)):
+            continue
+        it, target = node.iter, node.target
+        method = None
+        if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and not it.args:
+            method, it = it.func.attr, it.func.value
+        if not (isinstance(it, ast.Name) and it.id in dicts):
+            continue
+        if method in (None, "keys") and isinstance(target, ast.Name):
+            found[target.id] = dicts[it.id]
+        elif method == "items" and isinstance(target, ast.Tuple):
+            first = target.elts[0]
+            if isinstance(first, ast.Name):
+                found[first.id] = dicts[it.id]
+    return found
+
+
 def python_env_reads(path: Path) -> tuple[set[str], set[str]]:
     """(names read, expressions that could not be resolved to a name) in one Python file."""
     tree = ast.parse(path.read_text())
     local = _constants(tree)
+    looped = _loop_names(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module in ("env", "hardcap_core.env"):
             local.update({a.asname or a.name: ENV_CONSTANTS[a.name] for a in node.names})
@@ -180,10 +226,12 @@ def python_env_reads(path: Path) -> tuple[set[str], set[str]]:
         if arg is None:
             continue
         name = _resolve(arg, local)
-        if name is None:
-            unresolved.add(ast.unparse(arg))
-        else:
+        if name is not None:
             names.add(name)
+        elif isinstance(arg, ast.Name) and arg.id in looped:
+            names.update(looped[arg.id])
+        else:
+            unresolved.add(ast.unparse(arg))
     return names, unresolved
 
 
@@ -222,6 +270,9 @@ def test_reader_finds_the_known_reads() -> None:
         assert name in reads, f"{name} (hardcap_core/env.py) is not found read anywhere"
     assert "POWERTOOLS_PARAMETERS_MAX_AGE" in reads  # config/secrets.py, via a constant
     assert "AWS_LWA_PORT" in reads  # run.sh
+    # gateway/app.py, through a loop over the SNAPSTART_HOOKS dict's names
+    assert "AWS_LWA_SNAPSTART_BEFORE_CHECKPOINT_PATH" in reads
+    assert "AWS_LWA_SNAPSTART_AFTER_RESTORE_PATH" in reads
 
 
 def test_every_function_is_mapped() -> None:
@@ -237,7 +288,11 @@ def test_every_function_is_mapped() -> None:
 def test_code_reads_only_what_the_template_sets(logical_id: str) -> None:
     env = function_env(load_template(), logical_id)
     reads = code_env_reads(logical_id)
-    missing = {n: where for n, where in reads.items() if n not in env and n not in SET_BY_LAMBDA}
+    missing = {
+        n: where
+        for n, where in reads.items()
+        if n not in env and n not in SET_BY_LAMBDA and n not in OPTIONAL_READS
+    }
     assert not missing, f"read by the code but not set by the template: {missing}"
 
 
@@ -277,8 +332,9 @@ def test_streaming_settings_agree() -> None:
         integration = resources[method]["Properties"]["Integration"]
         assert integration["Type"] == "AWS_PROXY"
         assert integration["ResponseTransferMode"] == "STREAM"
+        # The alias SAM generates for AutoPublishAlias: live, never $LATEST (SnapStart).
         assert integration["Uri"]["Fn::Sub"].endswith(
-            "/2021-11-15/functions/${GatewayFunction.Arn}/response-streaming-invocations"
+            "/2021-11-15/functions/${GatewayFunctionAliaslive}/response-streaming-invocations"
         )
     assert env["AWS_LWA_INVOKE_MODE"] == "response_stream"
     assert env["AWS_LAMBDA_EXEC_WRAPPER"] == "/opt/bootstrap"
@@ -414,3 +470,91 @@ def test_sam_validate_lint(sam: tuple[str, dict[str, str]]) -> None:
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# What SAM makes of the template, by its own translator (samtranslator, installed with the SAM
+# CLI; CloudFormation runs the same transform at deploy). Parameters are given as sam deploy
+# gives them; the code's location as sam deploy rewrites it (an S3 URI).
+_TRANSLATE = """
+import json, sys
+from samtranslator.translator.transform import transform
+from samtranslator.yaml_helper import yaml_parse
+
+class NoManagedPolicies:
+    def load(self):
+        return {}
+
+template = yaml_parse(open(sys.argv[1]).read())
+for resource in template["Resources"].values():
+    if resource["Type"] == "AWS::Serverless::Function":
+        resource["Properties"]["CodeUri"] = "s3://bucket/code.zip"
+params = dict(arg.split("=", 1) for arg in sys.argv[2:])
+print(json.dumps(transform(template, params, NoManagedPolicies())))
+"""
+
+
+def sam_python(exe: str) -> str:
+    """The Python the SAM CLI runs on (its venv's, for a pip install): it has samtranslator."""
+    first = Path(exe).read_bytes()[:500].split(b"\n", 1)[0]
+    if first.startswith(b"#!") and b"python" in first:
+        return first[2:].decode().split()[0]
+    sibling = Path(exe).parent / "python"
+    if sibling.exists():
+        return str(sibling)
+    pytest.skip(f"{exe} is not a Python entry point: no samtranslator to call")
+
+
+def sam_translate(sam: tuple[str, dict[str, str]], **params: str) -> dict[str, Any]:
+    exe, env = sam
+    args = [f"{k}={v}" for k, v in params.items()]
+    result = subprocess.run(
+        [sam_python(exe), "-c", _TRANSLATE, str(TEMPLATE), *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    out: dict[str, Any] = json.loads(result.stdout)
+    return out
+
+
+def test_sam_makes_the_alias_every_front_door_invokes(sam: tuple[str, dict[str, str]]) -> None:
+    """AutoPublishAlias: live becomes an AWS::Lambda::Version and the AWS::Lambda::Alias
+    GatewayFunctionAliaslive; the integrations, the URL and the permissions name that alias.
+    And SAM's version id does not follow the parameters (the reason for VersionDescription)."""
+    off = sam_translate(sam, SnapStart="off")
+    on = sam_translate(sam, SnapStart="on", LambdaAdapterLayerVersion="30")
+    for out in (off, on):
+        res = out["Resources"]
+        alias = res["GatewayFunctionAliaslive"]
+        assert alias["Type"] == "AWS::Lambda::Alias" and alias["Properties"]["Name"] == "live"
+        (version,) = [n for n, r in res.items() if r["Type"] == "AWS::Lambda::Version"]
+        assert alias["Properties"]["FunctionVersion"] == {"Fn::GetAtt": [version, "Version"]}
+        assert res[version]["DeletionPolicy"] == "Delete"  # VersionDeletionPolicy
+        assert "Fn::Sub" in res[version]["Properties"]["Description"]
+        for method in ("GatewayApiProxyMethod", "GatewayApiRootMethod"):
+            uri = res[method]["Properties"]["Integration"]["Uri"]["Fn::Sub"]
+            assert "/functions/${GatewayFunctionAliaslive}/response-streaming" in uri
+        for permission in (
+            "GatewayApiInvokePermission", "GatewayUrlPublicInvokeUrl",
+            "GatewayUrlPublicInvokeFunction",
+        ):  # fmt: skip
+            assert res[permission]["Properties"]["FunctionName"] == {
+                "Ref": "GatewayFunctionAliaslive"
+            }
+        assert res["GatewayFunctionUrl"]["Properties"]["Qualifier"] == "live"
+        snap = res["GatewayFunction"]["Properties"]["SnapStart"]
+        assert snap == {"ApplyOn": {"Fn::If": ["UseSnapStart", "PublishedVersions", "None"]}}
+    versions = [
+        {n for n, r in out["Resources"].items() if r["Type"] == "AWS::Lambda::Version"}
+        for out in (off, on)
+    ]
+    assert versions[0] == versions[1], "SAM's version id now follows parameters: revisit"
+
+
+def test_every_parameter_is_in_the_deploy_guide() -> None:
+    """docs/deploy.md's Parameters table has a row for each parameter, with its default."""
+    section = (ROOT / "docs" / "deploy.md").read_text().split("\n## Parameters\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    for name, spec in load_template()["Parameters"].items():
+        default = str(spec.get("Default", ""))
+        shown = f"`{default}`" if default else "empty"
+        assert f"| `{name}` | {shown} |" in section, name

@@ -70,6 +70,9 @@ class Render:
             return all(self.truth(x) for x in arg)
         if fn == "Fn::Or":
             return any(self.truth(x) for x in arg)
+        if fn == "Fn::Contains":  # in Rules only
+            items, item = arg
+            return str(self.scalar(item)) in [str(self.scalar(i)) for i in items]
         raise AssertionError(f"condition function {fn}")
 
     def scalar(self, expr: Any) -> Any:
@@ -128,6 +131,18 @@ def render(**overrides: str) -> Render:
     return Render(parameters(**overrides))
 
 
+def sam_generated() -> set[str]:
+    """Logical ids SAM adds that the template may name: <function>Alias<name> for each
+    AutoPublishAlias (SAM's "Generated CloudFormation resources"; hyphens and underscores in
+    the name become D and U)."""
+    return {
+        f"{name}Alias{alias.replace('-', 'D').replace('_', 'U')}"
+        for name, res in TEMPLATE["Resources"].items()
+        if res["Type"] == "AWS::Serverless::Function"
+        and isinstance(alias := res["Properties"].get("AutoPublishAlias"), str)
+    }
+
+
 def test_the_defaults() -> None:
     """The default front door is API Gateway (function URLs do not stream from a VPC, per AWS);
     the default egress is NAT (any upstream), as before."""
@@ -154,7 +169,7 @@ def test_every_reference_exists(
         BedrockModelArns=[bedrock] if bedrock else [],
         ExistingRedisUrl=cache,
     )
-    known = set(r.resources) | set(TEMPLATE["Parameters"]) | PSEUDO
+    known = set(r.resources) | sam_generated() | set(TEMPLATE["Parameters"]) | PSEUDO
     for name, node in [*r.resources.items(), *r.outputs.items(), ("Globals", r.globals)]:
         missing = r.references(node) - known
         assert not missing, f"{egress}/{door}: {name} names {sorted(missing)}, not created"
@@ -301,7 +316,9 @@ def test_api_gateway_front_door(egress: str) -> None:
         assert integration["ResponseTransferMode"] == "STREAM"
         assert integration["TimeoutInMillis"] == 900_000  # streaming: up to 15 minutes
         assert "response-streaming-invocations" in integration["Uri"]["Fn::Sub"]
+        assert "/functions/${GatewayFunctionAliaslive}/" in integration["Uri"]["Fn::Sub"]
     permission = r.resources["GatewayApiInvokePermission"]["Properties"]
+    assert permission["FunctionName"] == {"Ref": "GatewayFunctionAliaslive"}
     assert permission["Principal"] == "apigateway.amazonaws.com"
     assert permission["Action"] == "lambda:InvokeFunction"
     base = r.outputs["OpenAIBaseUrl"]["Value"]["Fn::Sub"]
@@ -315,11 +332,111 @@ def test_api_gateway_front_door(egress: str) -> None:
 def test_function_url_front_door() -> None:
     r = render(FrontDoor="function-url")
     assert not created(r, "AWS::ApiGateway::RestApi", "AWS::ApiGateway::Method")
-    assert r.resources["GatewayFunctionUrl"]["Properties"]["InvokeMode"] == "RESPONSE_STREAM"
+    url = r.resources["GatewayFunctionUrl"]
+    assert url["Properties"]["InvokeMode"] == "RESPONSE_STREAM"
+    # The alias's URL, not $LATEST's: SnapStart serves published versions only.
+    assert url["Properties"]["TargetFunctionArn"] == {"Ref": "GatewayFunction"}
+    assert url["Properties"]["Qualifier"] == "live"
+    assert url["DependsOn"] == "GatewayFunctionAliaslive"
     assert {"GatewayUrlPublicInvokeUrl", "GatewayUrlPublicInvokeFunction"} <= set(r.resources)
+    for permission in ("GatewayUrlPublicInvokeUrl", "GatewayUrlPublicInvokeFunction"):
+        props = r.resources[permission]["Properties"]
+        assert props["FunctionName"] == {"Ref": "GatewayFunctionAliaslive"}, permission
     assert r.outputs["OpenAIBaseUrl"]["Value"] == {"Fn::Sub": "${GatewayFunctionUrl.FunctionUrl}v1"}
     signed = render(FrontDoor="function-url", FunctionUrlAuthType="AWS_IAM")
     assert "GatewayUrlPublicInvokeUrl" not in signed.resources
+
+
+# ------------------------------------------------------------------ SnapStart
+
+HOOKS = ("AWS_LWA_SNAPSTART_BEFORE_CHECKPOINT_PATH", "AWS_LWA_SNAPSTART_AFTER_RESTORE_PATH")
+
+
+def gateway(r: Render) -> dict[str, Any]:
+    props: dict[str, Any] = r.resources["GatewayFunction"]["Properties"]
+    return props
+
+
+def test_snapstart_is_off_by_default() -> None:
+    assert TEMPLATE["Parameters"]["SnapStart"]["Default"] == "off"
+    r = render()
+    props = gateway(r)
+    assert props["SnapStart"] == {"ApplyOn": "None"}
+    assert not set(HOOKS) & set(props["Environment"]["Variables"])
+    # The alias exists either way: the front doors invoke it whether SnapStart is on or off.
+    assert props["AutoPublishAlias"] == "live"
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_snapstart_on_applies_to_published_versions_with_the_hooks(
+    door: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hardcap_core.gateway import app
+
+    r = render(SnapStart="on", LambdaAdapterLayerVersion="30", FrontDoor=door)
+    props = gateway(r)
+    assert props["SnapStart"] == {"ApplyOn": "PublishedVersions"}
+    assert props["AutoPublishAlias"] == "live"
+    env = props["Environment"]["Variables"]
+    assert env["AWS_LWA_SNAPSTART_BEFORE_CHECKPOINT_PATH"] == "/_hardcap/snapstart/before"
+    assert env["AWS_LWA_SNAPSTART_AFTER_RESTORE_PATH"] == "/_hardcap/snapstart/after"
+    # The names are the ones the app reads, and it serves POST at exactly those paths.
+    assert set(HOOKS) == set(app.SNAPSTART_HOOKS)
+    for name in HOOKS:
+        monkeypatch.setenv(name, env[name])
+    routes = app.snapstart_routes(object())  # type: ignore[arg-type]
+    assert {(route.path, tuple(sorted(route.methods or ()))) for route in routes} == {
+        (env[name], ("POST",)) for name in HOOKS
+    }
+    # Nothing outside the gateway: the rollup runs no adapter.
+    rollup = r.resources["RollupFunction"]["Properties"].get("Environment", {})
+    assert not set(HOOKS) & set(rollup.get("Variables", {}))
+    assert "SnapStart" not in r.resources["RollupFunction"]["Properties"]
+
+
+def rule_holds(name: str, **overrides: str) -> bool:
+    """Whether a rule's assertions hold under the parameters (true when its condition is not)."""
+    rule = TEMPLATE["Rules"][name]
+    r = render(**overrides)
+    if "RuleCondition" in rule and not r.truth(rule["RuleCondition"]):
+        return True
+    return all(r.truth(a["Assert"]) for a in rule["Assertions"])
+
+
+def test_snapstart_needs_adapter_1_1() -> None:
+    """The Web Adapter's SnapStart hooks are in 1.1.0, public layer 30 (29 was a withdrawn
+    release, 28 is 1.0.1, 27 1.0.0): "on" with an older public layer is refused at deploy."""
+    name = "SnapStartNeedsAdapter110"
+    for version in ("1", "27", "28", "29"):
+        assert not rule_holds(name, SnapStart="on", LambdaAdapterLayerVersion=version), version
+        assert rule_holds(name, SnapStart="off", LambdaAdapterLayerVersion=version), version
+    for version in ("30", "31", "100"):
+        assert rule_holds(name, SnapStart="on", LambdaAdapterLayerVersion=version), version
+    # A layer ARN of one's own: the template cannot know its adapter version (docs/deploy.md).
+    own = "arn:aws:lambda:us-east-1:123456789012:layer:lwa:3"
+    assert rule_holds(
+        name, SnapStart="on", LambdaAdapterLayerVersion="27", LambdaAdapterLayerArn=own
+    )
+    listed = TEMPLATE["Rules"][name]["Assertions"][0]["Assert"]["Fn::Not"][0]["Fn::Contains"][0]
+    assert listed == [str(v) for v in range(1, 30)]
+
+
+def test_a_parameter_change_publishes_a_version() -> None:
+    """SAM names the version after the code and the template's text, not the parameter values
+    (samtranslator's _construct_version): the version's description carries the parameters that
+    set the gateway's configuration, so changing one replaces the version, which publishes one.
+    A NoEcho value must not end up there (descriptions are readable)."""
+    props = TEMPLATE["Resources"]["GatewayFunction"]["Properties"]
+    text, names = props["VersionDescription"]["Fn::Sub"]
+    used = set(re.findall(r"\$\{([^}!]+)\}", text))
+    params = used - set(names)
+    assert {"SnapStart", "MemorySize", "TimeoutSeconds", "LogLevel", "Architecture"} <= params
+    assert params <= set(TEMPLATE["Parameters"])
+    refs = Render(parameters()).references(names)
+    assert {"LambdaAdapterLayerVersion", "LambdaAdapterLayerArn", "BudgetCache"} <= refs
+    secret = {n for n, spec in TEMPLATE["Parameters"].items() if spec.get("NoEcho")}
+    assert not (params | refs) & secret
+    assert props["VersionDeletionPolicy"] == "Delete"
 
 
 # ------------------------------------------------------------------ what it costs idle
