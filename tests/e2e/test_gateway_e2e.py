@@ -234,7 +234,12 @@ def test_allow_policy_lets_the_stream_finish(mock: Mock, flushed: LocalValkey) -
         assert mock.truth("alpha")["completion_tokens"] == 50
 
 
-def test_logs_are_structured_and_hold_no_key_or_content(mock: Mock, flushed: LocalValkey) -> None:
+def test_logs_are_structured_and_hold_no_key_or_content(
+    mock: Mock, flushed: LocalValkey, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An admitted request writes one line when it settles: the EMF metrics line, which holds
+    the request's log fields too. A refused one gets the access line. Neither holds the key,
+    the prompt or the reply."""
     secret_prompt = "the launch codes are 0000"
     buffer = io.StringIO()
     handler = logging.StreamHandler(buffer)
@@ -245,16 +250,21 @@ def test_logs_are_structured_and_hold_no_key_or_content(mock: Mock, flushed: Loc
             done = client(base).chat.completions.create(
                 model="small", messages=[{"role": "user", "content": secret_prompt}], user="alpha"
             )
+            with pytest.raises(openai.NotFoundError):
+                client(base).chat.completions.create(
+                    model="nope", messages=[{"role": "user", "content": secret_prompt}]
+                )
     finally:
         logger.removeHandler(handler)
-    out = buffer.getvalue()
+    out = buffer.getvalue() + capsys.readouterr().out
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    request = [x for x in lines if x.get("message") == "request"]
-    assert request, out
-    assert request[-1]["tenant"] == "alpha"
-    assert request[-1]["key_id"] == "alpha-k"
-    assert request[-1]["status"] == 200
-    assert request[-1]["request_id"]
+    (settled,) = [x for x in lines if x.get("message") == "request settled"]
+    assert (settled["tenant"], settled["key_id"], settled["outcome"]) == ("alpha", "alpha-k",
+                                                                          "completed")  # fmt: skip
+    assert settled["request_id"] and settled["Requests"] == 1  # the metrics line itself
+    assert not [x for x in lines if x.get("message") == "request" and x.get("status") == 200]
+    refused = [x for x in lines if x.get("message") == "request" and x.get("status") == 404]
+    assert refused and refused[-1]["tenant"] == "alpha" and refused[-1]["request_id"]
     assert KEYS["alpha"] not in out
     assert secret_prompt not in out
     assert (done.choices[0].message.content or "")[:20] not in out
