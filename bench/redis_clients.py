@@ -7,6 +7,8 @@ tpm on the key, a fresh reservation id per pair), sent by:
 - ``redis-py+hiredis``: the gateway's client (``ledger.connection.connect``), through redis-py's
   script objects (EVALSHA, NOSCRIPT reload), as the ledger calls it;
 - ``redis-py+hiredis evalsha``: the same client, ``EVALSHA`` called directly (no script object);
+- ``redis-py+hiredis ConnectionPool``: redis-py's default (non-blocking) pool instead of the
+  ``BlockingConnectionPool`` the gateway's client uses;
 - ``redis-py (python parser)``: the same, with redis-py's pure-Python reply parser;
 - ``valkey-glide``: ``GlideClient.invoke_script`` (a Rust core on its own threads: its CPU is
   counted, ``time.process_time`` covers every thread of the process);
@@ -40,10 +42,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import redis.asyncio as aioredis
+
 from bench.ledger import INPUT_TOKENS, OUTPUT_ESTIMATE, PARSERS, PRICES, bench_scope
 from bench.machine import machine_info, write_json
 from hardcap_core.ledger import Ledger
-from hardcap_core.ledger.connection import connect
+from hardcap_core.ledger.connection import SOCKET_TIMEOUT_S, connect
 from hardcap_core.ledger.scripts import source
 from hardcap_core.local.valkey import LocalValkey
 
@@ -215,6 +219,11 @@ async def open_client(kind: str, url: str, port: int) -> tuple[Call, Callable[[]
         client = await connect(url)
         parser = "python" if "python" in kind else "hiredis"
         client.connection_pool.connection_kwargs["parser_class"] = PARSERS[parser]
+        if "ConnectionPool" in kind:  # redis-py's default pool instead of the blocking one
+            await client.aclose()
+            client = aioredis.Redis.from_url(
+                url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S
+            )
         call: Call = RedisPyEvalsha(client) if "evalsha" in kind else RedisPyScripts(client)
         return call, client.aclose
     if kind == "valkey-glide":
@@ -237,6 +246,7 @@ async def open_client(kind: str, url: str, port: int) -> tuple[Call, Callable[[]
 KINDS = (
     "redis-py+hiredis",
     "redis-py+hiredis evalsha",
+    "redis-py+hiredis ConnectionPool",
     "redis-py (python parser)",
     "valkey-glide",
     "raw asyncio + hiredis",
@@ -259,7 +269,6 @@ async def timed(
     *,
     inflight: int,
     seconds: float,
-    tick: Callable[[], None],
 ) -> dict[str, Any]:
     latencies: list[float] = []
     deadline = time.perf_counter() + seconds
