@@ -2,7 +2,8 @@
 gateway in it.
 
 * ``fixed``: a bare Starlette app that reads the POST and answers a fixed 1-token completion.
-* ``httpx``, ``httpx_aiohttp``, ``aiohttp``, ``httpx2``: bare Starlette proxies that forward
+* ``httpx``, ``httpx_aiohttp``, ``aiohttp``, ``httpx2``, ``http11`` (the gateway's own client):
+  bare Starlette proxies that forward
   the POST to ``BARE_UPSTREAM`` (the mock's ``/v1/chat/completions``) over one HTTP client
   and relay the answer: read whole when the request is not streamed, chunk by chunk (as the
   client hands them over) when ``"stream": true``. One client per process, made in the
@@ -30,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-KINDS = ("fixed", "httpx", "httpx_aiohttp", "aiohttp", "httpx2")
+KINDS = ("fixed", "httpx", "httpx_aiohttp", "aiohttp", "httpx2", "http11")
 HEADERS = {"content-type": "application/json"}
 TIMEOUT_S = 60.0
 FIXED = {
@@ -91,9 +92,38 @@ def _aiohttp(session: Any, upstream: str) -> Relay:
     return relay
 
 
+def _http11(transport: Any, upstream: str) -> Relay:
+    """Relay over the gateway's own HTTP/1.1 client (hardcap_core/providers/http11.py)."""
+    from hardcap_core.providers.transport import UpstreamRequest
+
+    async def relay(body: bytes, stream: bool) -> Response:
+        request = UpstreamRequest(upstream, HEADERS, body, TIMEOUT_S)
+        if not stream:
+            reply = await transport.send(request)
+            return Response(reply.body, reply.status, media_type=reply.headers.get("content-type"))
+        opened = transport.stream(request)
+        r = await opened.__aenter__()
+
+        async def close() -> None:
+            await opened.__aexit__(None, None, None)
+
+        media = r.headers.get("content-type")
+        return StreamingResponse(r.reads(), r.status, media_type=media,
+                                 background=BackgroundTask(close))  # fmt: skip
+
+    return relay
+
+
 @asynccontextmanager
 async def _client(kind: str, upstream: str) -> AsyncIterator[Relay]:
     """The client ``kind`` names, open for the app's lifetime, as a relay function."""
+    if kind == "http11":
+        from hardcap_core.providers.http11 import Http11Transport
+
+        own = Http11Transport()
+        yield _http11(own, upstream)
+        await own.aclose()
+        return
     if kind == "aiohttp":
         import aiohttp
 

@@ -71,8 +71,8 @@ from hardcap_core.local.valkey import LocalValkey, free_port
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 TENANT = "bench"
-TARGETS = ("direct", "bare", "httpx", "httpx_aiohttp", "aiohttp", "httpx2", "gateway")
-PROXIES = ("httpx", "httpx_aiohttp", "aiohttp", "httpx2")
+TARGETS = ("direct", "bare", "httpx", "httpx_aiohttp", "aiohttp", "httpx2", "http11", "gateway")
+PROXIES = ("httpx", "httpx_aiohttp", "aiohttp", "httpx2", "http11")
 KINDS = ("latency", "saturation", "stream")
 CONTENDED = 0.25  # share of the machine other processes took during a block: run it again
 RETRIES_CONTENDED = 3
