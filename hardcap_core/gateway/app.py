@@ -88,7 +88,9 @@ class Runtime:
         """Close the cache client before a SnapStart snapshot: its connections (and, with IAM
         auth, its token) would be stale in every environment restored from it. The HTTP client
         stays: it has opened no connection yet (no request has run), and its TLS context is
-        what the snapshot should keep."""
+        what the snapshot should keep: it is made now."""
+        if self._http_client is not None:
+            self._http_client.prepare()
         async with self._lock:
             client, self._gateway = self._ledger_client, None
             if self._owns_ledger_client and client is not None:

@@ -35,11 +35,11 @@ PASS_THROUGH = {400: InvalidRequest, 422: InvalidRequest, 429: TooManyRequests}
 
 def make_transport() -> Transport:
     """The process-wide transport: pooled keep-alive connections to every provider. Its TLS
-    context (~30 ms: loading the CA bundle) is made here, when the server starts, so neither
-    the first request nor each environment restored from a SnapStart snapshot pays for it."""
-    from hardcap_core.providers.http11 import Http11Transport, default_tls
+    context (~30 ms: loading the CA bundle) is made by the first HTTPS request, or before a
+    SnapStart snapshot (:meth:`Transport.prepare`)."""
+    from hardcap_core.providers.http11 import Http11Transport
 
-    return Http11Transport(tls=default_tls())
+    return Http11Transport()
 
 
 def transport_error(upstream: str, e: TransportError) -> GatewayError:

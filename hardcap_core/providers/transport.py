@@ -62,6 +62,11 @@ class Transport(Protocol):
         closes the connection unless the body was read to its end (then it is reused)."""
         ...
 
+    def prepare(self) -> None:
+        """Do now what the first request would otherwise do (a TLS context): before a
+        SnapStart snapshot."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -112,6 +117,9 @@ class CallbackTransport:
     async def stream(self, request: UpstreamRequest) -> AsyncIterator[StreamReply]:
         status, headers, pieces = self._reply(request)
         yield _Pieces(status, dict(headers), list(pieces))
+
+    def prepare(self) -> None:
+        return None
 
     async def aclose(self) -> None:
         return None
