@@ -16,9 +16,9 @@ Providers: ``OPENAI_API_KEY`` (``HARDCAP_LIVE_OPENAI_MODEL``, default gpt-4o-min
 reasoning openai/gpt-oss-20b), ``ANTHROPIC_API_KEY`` (``HARDCAP_LIVE_ANTHROPIC_MODEL``, default
 claude-haiku-4-5, extended thinking for the reasoning stream), Bedrock when
 ``HARDCAP_LIVE_BEDROCK_MODEL`` names a model and botocore finds AWS credentials (region from
-``AWS_REGION``). Bedrock's replies travel through botocore, not httpx, so there the provider's
-usage is the one the gateway relayed. ``--mock`` runs the same checks against the mock upstream,
-in OpenAI and Anthropic modes, with no credentials (CI).
+``AWS_REGION``). Bedrock's replies travel through botocore, not the gateway's HTTP client, so
+there the provider's usage is the one the gateway relayed. ``--mock`` runs the same checks
+against the mock upstream, in OpenAI and Anthropic modes, with no credentials (CI).
 
     PYTHONPATH=. .venv/bin/python bench/live_providers.py --mock
     OPENAI_API_KEY=... PYTHONPATH=. .venv/bin/python bench/live_providers.py
@@ -31,8 +31,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,8 @@ from hardcap_core.local.mock_upstream import MockSettings, create_mock_app
 from hardcap_core.local.servers import ThreadServer
 from hardcap_core.local.valkey import LocalValkey, free_port
 from hardcap_core.logs import logger
+from hardcap_core.providers.http11 import Http11Transport
+from hardcap_core.providers.transport import Reply, UpstreamRequest
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CUT_BUDGET = 60  # output tokens the truncation tenant may spend
@@ -69,7 +71,7 @@ class Target:
     prompt_suffix: str = ""  # the mock's directives, for the charge checks
     reasoning_suffix: str = ""  # ... and for the reasoning stream
     truth_url: str | None = None  # the mock's GET /mock/ground-truth: what it generated
-    wire_visible: bool = True  # the provider's replies go through httpx (not botocore)
+    wire_visible: bool = True  # the provider's replies go through the HTTP client (not botocore)
 
 
 def live_targets(env: dict[str, str]) -> list[Target]:
@@ -158,36 +160,46 @@ def mock_targets(mock_url: str) -> list[Target]:
     ]
 
 
-class Tee(httpx.AsyncBaseTransport):
-    """The gateway's transport to providers, keeping the body of the last reply it relayed."""
+class Tee:
+    """The gateway's transport to providers (its own HTTP/1.1 client), keeping the body of the
+    last reply it relayed, as the provider sent it (after any content decoding)."""
 
     def __init__(self) -> None:
-        self.inner = httpx.AsyncHTTPTransport()
+        self.inner = Http11Transport()
         self.last = b""
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        response = await self.inner.handle_async_request(request)
+    async def send(self, request: UpstreamRequest) -> Reply:
+        reply = await self.inner.send(request)
+        self.last = reply.body
+        return reply
+
+    @asynccontextmanager
+    async def stream(self, request: UpstreamRequest) -> AsyncIterator[Any]:
         self.last = b""
-        tee = self
+        async with self.inner.stream(request) as reply:
+            yield _Teed(reply, self)
 
-        class Body(httpx.AsyncByteStream):
-            async def __aiter__(self) -> Any:
-                async for part in response.stream:  # type: ignore[union-attr]
-                    tee.last += part
-                    yield part
-
-            async def aclose(self) -> None:
-                await response.aclose()
-
-        return httpx.Response(
-            response.status_code,
-            headers=response.headers,
-            stream=Body(),
-            extensions=response.extensions,
-        )
+    def prepare(self) -> None:
+        self.inner.prepare()
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+class _Teed:
+    def __init__(self, reply: Any, tee: Tee) -> None:
+        self.status, self.headers = reply.status, reply.headers
+        self._reply, self._tee = reply, tee
+
+    async def reads(self) -> AsyncIterator[bytes]:
+        async for piece in self._reply.reads():
+            self._tee.last += piece
+            yield piece
+
+    async def aread(self) -> bytes:
+        body: bytes = await self._reply.aread()
+        self._tee.last += body
+        return body
 
 
 def reported_usage(raw: bytes) -> dict[str, int] | None:
@@ -263,7 +275,7 @@ def gateway(target: Target, redis_url: str) -> Iterator[tuple[str, Tee]]:
     tee = Tee()
     app = create_app(
         config_for(target, redis_url),
-        http_client=httpx.AsyncClient(transport=tee, timeout=httpx.Timeout(300.0, connect=10.0)),
+        http_client=tee,
     )
     server = ThreadServer(app, free_port()).start()
     try:
