@@ -31,8 +31,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ import httpx
 import openai
 
 from bench.machine import machine_info, write_json
+from bench.wire_tee import Tee, reported_usage
 from hardcap_core.auth import hash_key
 from hardcap_core.config import parse_config
 from hardcap_core.gateway.app import create_app
@@ -48,8 +49,6 @@ from hardcap_core.local.mock_upstream import MockSettings, create_mock_app
 from hardcap_core.local.servers import ThreadServer
 from hardcap_core.local.valkey import LocalValkey, free_port
 from hardcap_core.logs import logger
-from hardcap_core.providers.http11 import Http11Transport
-from hardcap_core.providers.transport import Reply, UpstreamRequest
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CUT_BUDGET = 60  # output tokens the truncation tenant may spend
@@ -158,82 +157,6 @@ def mock_targets(mock_url: str) -> list[Target]:
             truth_url=f"{mock_url}/mock/ground-truth",
         ),
     ]
-
-
-class Tee:
-    """The gateway's transport to providers (its own HTTP/1.1 client), keeping the body of the
-    last reply it relayed, as the provider sent it (after any content decoding)."""
-
-    def __init__(self) -> None:
-        self.inner = Http11Transport()
-        self.last = b""
-
-    async def send(self, request: UpstreamRequest) -> Reply:
-        reply = await self.inner.send(request)
-        self.last = reply.body
-        return reply
-
-    @asynccontextmanager
-    async def stream(self, request: UpstreamRequest) -> AsyncIterator[Any]:
-        self.last = b""
-        async with self.inner.stream(request) as reply:
-            yield _Teed(reply, self)
-
-    def prepare(self) -> None:
-        self.inner.prepare()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-class _Teed:
-    def __init__(self, reply: Any, tee: Tee) -> None:
-        self.status, self.headers = reply.status, reply.headers
-        self._reply, self._tee = reply, tee
-
-    async def reads(self) -> AsyncIterator[bytes]:
-        async for piece in self._reply.reads():
-            self._tee.last += piece
-            yield piece
-
-    async def aread(self) -> bytes:
-        body: bytes = await self._reply.aread()
-        self._tee.last += body
-        return body
-
-
-def reported_usage(raw: bytes) -> dict[str, int] | None:
-    """(input, output) tokens a provider reported in a reply body (JSON or SSE), OpenAI's or
-    Anthropic's shape; None if the body holds none (a stream cut before its usage)."""
-    events: list[Any] = []
-    text = raw.decode("utf-8", "replace")
-    if text.lstrip().startswith("{"):
-        events = [json.loads(text)]
-    else:
-        for line in text.splitlines():
-            if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
-                try:
-                    events.append(json.loads(line[5:]))
-                except ValueError:
-                    continue
-    found: dict[str, int] = {}
-    for e in events:
-        u = e.get("usage") if isinstance(e, dict) else None
-        if isinstance(e, dict) and e.get("type") == "message_start":
-            u = e["message"].get("usage")
-        if not isinstance(u, dict):
-            continue
-        if "prompt_tokens" in u:
-            found = {"input": u["prompt_tokens"], "output": u.get("completion_tokens", 0)}
-        else:  # Anthropic: input counts cache reads and writes; output is cumulative
-            ins = sum(
-                u.get(k) or 0
-                for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
-            )
-            if "input_tokens" in u:
-                found["input"] = ins
-            found["output"] = u.get("output_tokens", found.get("output", 0))
-    return found or None
 
 
 def config_for(target: Target, redis_url: str) -> Any:
