@@ -125,9 +125,8 @@ class _Connection(asyncio.Protocol):
             return
         self.closed = True
         if self.headers_done and not self.complete and self._framed_by_close():
-            self.complete = (
-                True  # no Content-Length, not chunked: the body ends with the connection
-            )
+            # No Content-Length, not chunked: the body ends with the connection.
+            self.complete = True
         elif not self.complete and self.error is None:
             self.error = ConnectionLost("the upstream closed the connection before its reply ended")
         self._wake()

@@ -104,12 +104,30 @@ def reply(body: bytes, *headers: str, status: str = "200 OK") -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-def keep_answering(body: bytes) -> Callable[[Server], Handler]:
+def keep_answering(response: bytes) -> Callable[[Server], Handler]:
+    """A server that answers every request on a connection with ``response``."""
+
     def make(server: Server) -> Handler:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             while await server.read_request(reader):
-                writer.write(reply(body))
+                writer.write(response)
                 await writer.drain()
+
+        return handle
+
+    return make
+
+
+def answer_once(raw: bytes, *, then_wait_s: float = 0.0) -> Callable[[Server], Handler]:
+    """A server that reads one request, writes ``raw`` (maybe nothing), waits, and closes."""
+
+    def make(server: Server) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.read_request(reader)
+            if raw:
+                writer.write(raw)
+                await writer.drain()
+            await asyncio.sleep(then_wait_s)
 
         return handle
 
@@ -118,7 +136,7 @@ def keep_answering(body: bytes) -> Callable[[Server], Handler]:
 
 async def test_replies_on_one_kept_alive_connection_do_not_run_together() -> None:
     client = Http11Transport()
-    async with serving(keep_answering(b'{"n": 1}')) as server:
+    async with serving(keep_answering(reply(b'{"n": 1}'))) as server:
         bodies = [(await client.send(post(server))).body for _ in range(3)]
     await client.aclose()
     assert bodies == [b'{"n": 1}'] * 3
@@ -160,16 +178,9 @@ async def test_a_chunked_stream_arrives_as_the_upstream_sends_it() -> None:
 
 
 async def test_a_body_that_ends_with_the_connection_is_read_to_its_end() -> None:
-    def make(server: Server) -> Handler:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await server.read_request(reader)
-            writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it")
-            await writer.drain()
-
-        return handle
-
     client = Http11Transport()
-    async with serving(make) as server:
+    until_close = b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it"
+    async with serving(answer_once(until_close)) as server:
         assert (await client.send(post(server))).body == b"all of it"
     assert client._idle == {} or all(not v for v in client._idle.values())
 
@@ -178,16 +189,9 @@ async def test_a_connection_the_upstream_closed_while_idle_is_replaced_not_faile
     """An upstream's keep-alive timeout closes a pooled connection; the next request goes out
     once more on a new one (the upstream never read it), and only once."""
 
-    def make(server: Server) -> Handler:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await server.read_request(reader)
-            writer.write(reply(b"ok"))
-            await writer.drain()  # then the handler returns: the connection is closed
-
-        return handle
-
     client = Http11Transport()
-    async with serving(make) as server:
+    # Each connection answers one request and is closed by the upstream.
+    async with serving(answer_once(reply(b"ok"))) as server:
         assert (await client.send(post(server))).body == b"ok"
         await asyncio.sleep(0.05)
         assert (await client.send(post(server))).body == b"ok"
@@ -199,14 +203,8 @@ async def test_a_fresh_connection_closed_before_any_reply_fails_without_a_resend
     """The upstream read the request and died: it may have started (and billed) it, so the
     request is not sent again on its own; the gateway's failover decides."""
 
-    def make(server: Server) -> Handler:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await server.read_request(reader)
-
-        return handle
-
     client = Http11Transport()
-    async with serving(make) as server:
+    async with serving(answer_once(b"")) as server:
         with pytest.raises(ConnectionLost):
             await client.send(post(server))
         with pytest.raises(UpstreamFailed):
@@ -215,32 +213,17 @@ async def test_a_fresh_connection_closed_before_any_reply_fails_without_a_resend
 
 
 async def test_a_reply_cut_mid_body_is_an_error_not_a_short_body() -> None:
-    def make(server: Server) -> Handler:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await server.read_request(reader)
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly this")
-            await writer.drain()
-
-        return handle
-
     client = Http11Transport()
-    async with serving(make) as server:
+    cut = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly this"
+    async with serving(answer_once(cut)) as server:
         with pytest.raises(ConnectionLost):
             await client.send(post(server))
 
 
 async def test_a_stalled_upstream_times_out_at_the_requests_timeout() -> None:
-    def make(server: Server) -> Handler:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await server.read_request(reader)
-            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n")
-            await writer.drain()
-            await asyncio.sleep(5)
-
-        return handle
-
     client = Http11Transport()
-    async with serving(make) as server:
+    stalled = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n"
+    async with serving(answer_once(stalled, then_wait_s=5)) as server:
         loop = asyncio.get_running_loop()
         started = loop.time()
         async with client.stream(post(server, timeout_s=0.3)) as response:
@@ -255,7 +238,7 @@ async def test_a_stalled_upstream_times_out_at_the_requests_timeout() -> None:
 
 async def test_no_listener_is_a_connect_failure() -> None:
     client = Http11Transport()
-    async with serving(keep_answering(b"")) as server:
+    async with serving(keep_answering(reply(b""))) as server:
         url = server.url
     with pytest.raises(ConnectFailed):
         await client.send(UpstreamRequest(url, {}, b"", 1.0))
@@ -264,17 +247,8 @@ async def test_no_listener_is_a_connect_failure() -> None:
 
 
 async def test_bytes_that_are_not_http_are_a_bad_response() -> None:
-    def make(server: Server) -> Handler:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await server.read_request(reader)
-            writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
-            await writer.drain()
-            await asyncio.sleep(1)
-
-        return handle
-
     client = Http11Transport()
-    async with serving(make) as server:
+    async with serving(answer_once(b"SSH-2.0-OpenSSH_9.6\r\n\r\n", then_wait_s=1)) as server:
         with pytest.raises(BadResponse):
             await client.send(post(server))
         with pytest.raises(UpstreamMalformed):
@@ -282,16 +256,8 @@ async def test_bytes_that_are_not_http_are_a_bad_response() -> None:
 
 
 async def test_an_encoding_the_gateway_cannot_decode_is_refused_not_parsed() -> None:
-    def make(server: Server) -> Handler:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while await server.read_request(reader):
-                writer.write(reply(b"\x1b\x03\x00", "content-encoding: br"))
-                await writer.drain()
-
-        return handle
-
     client = Http11Transport()
-    async with serving(make) as server:
+    async with serving(keep_answering(reply(b"\x1b\x03\x00", "content-encoding: br"))) as server:
         with pytest.raises(UpstreamMalformed):
             await send_json(client, post(server), "r")
 
@@ -302,7 +268,8 @@ async def test_a_large_body_read_slowly_arrives_whole() -> None:
     body = bytes(range(256)) * (6 * 4096)  # 6 MiB
 
     client = Http11Transport()
-    async with serving(keep_answering(body)) as server, client.stream(post(server)) as response:
+    answering = keep_answering(reply(body))
+    async with serving(answering) as server, client.stream(post(server)) as response:
         got = bytearray()
         async for piece in response.reads():
             got += piece
@@ -364,16 +331,9 @@ async def test_a_stream_compressed_anyway_is_decompressed_and_counted(piece: int
 
 
 async def test_an_error_status_on_a_stream_is_the_providers_error() -> None:
-    def make(server: Server) -> Handler:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while await server.read_request(reader):
-                writer.write(reply(b'{"error": {"message": "slow down"}}', status="429 Too Many"))
-                await writer.drain()
-
-        return handle
-
     client = Http11Transport()
-    async with serving(make) as server:
+    slow_down = reply(b'{"error": {"message": "slow down"}}', status="429 Too Many")
+    async with serving(keep_answering(slow_down)) as server:
         with pytest.raises(TooManyRequests, match="slow down") as raised:
             async with open_sse(client, post(server), "r", lambda data: sse_event(data)):
                 pass
@@ -427,7 +387,7 @@ async def test_tls_checks_the_certificate_and_reuses_the_connection(tmp_path: Pa
     server_tls.load_cert_chain(cert_file, key_file)
     trusting = Http11Transport(tls=ssl.create_default_context(cafile=str(ca_file)))
     default = Http11Transport()  # the system's CAs: the throwaway CA is not among them
-    async with serving(keep_answering(b"secret"), tls=server_tls) as server:
+    async with serving(keep_answering(reply(b"secret")), tls=server_tls) as server:
         assert [(await trusting.send(post(server))).body for _ in range(2)] == [b"secret"] * 2
         assert server.connections == 1
         with pytest.raises(ConnectFailed):
