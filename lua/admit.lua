@@ -3,7 +3,9 @@
 -- KEYS[1..9] the ledger keys every script takes (lib.lua: reserved, res, exp, rl, expired,
 --            expired_at, live, usage, restored)
 -- KEYS[10]   hc:{root}:s:<reservation id>  string  set once this id was settled
--- KEYS[11..] hc:{root}:u:<window spec>:<window id>  hash  budget field -> used, one key per window
+-- KEYS[11]   hc:{root}:q:<tenant>   zset  the tenant's admission queue: waiting id -> joined, ms
+-- KEYS[12]   hc:{root}:qx:<tenant>  zset  waiting id -> when its ticket lapses unless renewed, ms
+-- KEYS[13..] hc:{root}:u:<window spec>:<window id>  hash  budget field -> used, one key per window
 --
 -- ARGV[1]  reservation id (unique per request)
 -- ARGV[2]  reservation TTL, ms (a live stream refreshes it with extend)
@@ -14,12 +16,19 @@
 --                 x: 1 to CHARGE the hold if it expires unsettled (0: return it to the tenant),
 --                 na: not after: server ms past which this call must reserve nothing (0: none),
 --                 lv: the scope's level tags (its live reservations are counted per level),
+--                 q: ms a queue ticket lives unless this id calls again (0 or absent: this
+--                    request does not wait; it is refused 'busy' where it would queue),
+--                 hr: output tokens kept free per live reservation on a budget, for the
+--                     extends of the streams in flight (0 or absent: none),
 --                 m: {rt, md, k, rq, tn, og, pv} (lib.lua: meta), kept on the reservation
 --                    record for the usage record an expiry writes, and put on a refusal's}
 --
 -- Units: tokens; money in integer nano-USD; times in epoch ms from the server's TIME.
 --
 -- Reply, admitted:  {'ok', now_ms, output_reserved, <budget state>, <rate state>}
+-- Reply, queued:    {'queued', now_ms, what, waiting_ahead, <budget state>, <rate state>}: the
+--                    id holds a ticket in the tenant's queue; call again with the same id (which
+--                    renews the ticket) until it is admitted or refused, or leave (leave.lua)
 -- Reply, refused:   {'busy'|'exceeded'|'never'|'rate', now_ms, what, retry_after_ms,
 --                    <budget state>, <rate state>}  where `what` is the budget field or
 --                    '<level tag>:rpm|tpm'. 'never': the input and the least output exceed that
@@ -36,12 +45,21 @@
 -- <rate state>   = m, then m quads (rpm_remaining, rpm_reset_ms, tpm_remaining, tpm_reset_ms);
 --                  -1 where that limit is not set
 --
--- Output is reserved up to the estimate `o`. At the tail of a budget (the estimate would not fit
--- even with nothing in flight) it is shrunk to what the budgets still hold, but never below
--- `mo`. A refusal that would fit with nothing in flight is 'busy'; one that would not fit even
--- with nothing used is 'never'; otherwise 'exceeded'.
--- A refused request changes nothing but the reclaiming of expired reservations, and appends a
--- usage record of the refusal (outcome busy, exceeded, never or rate).
+-- Output is reserved up to the estimate `o`, and only while `hr` tokens per live reservation stay
+-- free after it (room for the streams in flight to extend into: a stream that outgrows its
+-- estimate while newcomers take every freed token is cut). A request that would fit once the
+-- holds in flight settle waits: it queues (q > 0) or is refused 'busy'. At the tail of a budget
+-- (the estimate would not fit even with nothing in flight) it is shrunk to what the budgets hold,
+-- never below `mo`, but only once no hold in flight makes that room smaller: one request takes
+-- the tail, not several small holds that each would be cut. One that would not fit even with
+-- nothing used is 'never'; otherwise 'exceeded'.
+-- The queue is first come, first served per tenant: while ids wait, a newcomer queues behind
+-- them, and only the first in line is admitted (so a freed token goes to the oldest waiter, on
+-- whichever instance it waits). A ticket not renewed in time (its waiter died or gave up) lapses.
+-- A request that can never fit is refused at once, queued or not.
+-- A refused request changes nothing but the reclaiming of expired reservations (and its own
+-- ticket), and appends a usage record of the refusal (outcome busy, exceeded, never or rate);
+-- a 'queued' reply appends none (leave.lua records the refusal of a waiter that gives up).
 -- Admitting an id that is already held is a replay (a client retry after a lost reply): it
 -- answers 'ok' with the existing reservation and reserves nothing more.
 
@@ -53,7 +71,8 @@ if not restored() then return {'hydrate', now} end
 if redis.call('EXISTS', KEYS[10]) == 1 then return {'settled', now} end
 if redis.call('HEXISTS', KEYS[K_EXPIRED], rid) == 1 then return {'expired', now} end
 if (spec.na or 0) > 0 and now > spec.na then return {'late', now} end
-local used_keys = used_keys_from(11)
+local used_keys = used_keys_from(13)
+local K_Q, K_QX = 11, 12
 local missing = reclaim(now, spec, used_keys)
 if missing then return needs_windows(now, missing) end
 
@@ -133,43 +152,78 @@ local function budget_reply(kind, what, retry)
   return reply
 end
 
-if refusal then return budget_reply(refusal[1], refusal[2], refusal[3]) end
+if refusal then
+  redis.call('ZREM', KEYS[11], rid)  -- a waiter refused by a rate limit leaves the queue
+  redis.call('ZREM', KEYS[12], rid)
+  return budget_reply(refusal[1], refusal[2], refusal[3])
+end
 
--- Budgets: how many output tokens fit, now and if nothing were in flight.
+-- The queue: tickets whose waiters stopped renewing them lapse; then how many wait ahead of this id.
+local queue_ttl = spec.q or 0
+local lapsed = redis.call('ZRANGEBYSCORE', KEYS[K_QX], '-inf', now, 'LIMIT', 0, 32)
+for _, id in ipairs(lapsed) do
+  redis.call('ZREM', KEYS[K_Q], id)
+  redis.call('ZREM', KEYS[K_QX], id)
+end
+local rank = redis.call('ZRANK', KEYS[K_Q], rid)
+local ahead = rank or redis.call('ZCARD', KEYS[K_Q])
+local function leave_queue()
+  if rank then
+    redis.call('ZREM', KEYS[K_Q], rid)
+    redis.call('ZREM', KEYS[K_QX], rid)
+  end
+end
+
+-- Budgets: how many output tokens fit now, now keeping room for extends, and if nothing were
+-- in flight.
 local huge = 2 ^ 53
-local fit, fit_idle = huge, huge
-local tight, tight_idle = nil, nil
+local headroom = spec.hr or 0
+local fit, fit_room, fit_idle = huge, huge, huge
+local tight, tight_idle = nil, 1
 for i, b in ipairs(spec.b) do
   local dim, limit = b[2], b[3]
   local fixed = amount(dim, est_in, 0, pin, pout)
   local per = per_output(dim, pout)
   local free = limit - used[i] - reserved[i] - fixed
   local idle = limit - used[i] - fixed
-  local f, fi
+  local f, fr, fi
   if per == 0 then
     f = (free >= 0) and huge or -1
+    fr = f
     fi = (idle >= 0) and huge or -1
   else
     f = math.floor(free / per)
+    fr = f
+    if headroom > 0 and reserved[i] > 0 then
+      local live = tonumber(redis.call('HGET', KEYS[K_LIVE], string.match(b[1], '^(.-):[^:]+:[^:]+$')) or '0')
+      fr = f - headroom * live
+    end
     fi = math.floor(idle / per)
   end
-  if f < fit then fit, tight = f, i end
+  fit = math.min(fit, f)
+  if fr < fit_room then fit_room, tight = fr, i end
   if fi < fit_idle then fit_idle, tight_idle = fi, i end
 end
+tight = tight or 1
 
--- Shrink only at the tail of a budget: when the estimate would fit with nothing in flight,
--- the request waits (busy) for the holds to settle instead of taking a small hold that is
--- likely to be cut. Every cut stream risks the provider's tokens in flight, so cuts are kept
--- to the few requests that meet the end of the budget.
-local out = math.min(est_out, fit)
-if out < est_out and fit_idle >= est_out then
+-- Wait (queue or 'busy') while holds in flight stand between this request and its room.
+local function wait()
+  if queue_ttl > 0 then
+    if not rank then redis.call('ZADD', KEYS[K_Q], now, rid) end
+    redis.call('ZADD', KEYS[K_QX], now + queue_ttl, rid)
+    keep_alive(queue_ttl + minute, KEYS[K_Q], KEYS[K_QX])
+    local reply = {'queued', now, spec.b[tight][1], ahead}
+    append_budget_state(reply, spec.b, spec.w, used, reserved, now)
+    for _, v in ipairs(rate_state) do table.insert(reply, v) end
+    return reply
+  end
   return budget_reply('busy', spec.b[tight][1], 1000)
 end
-if out < min_out then
-  if fit_idle >= min_out then
-    return budget_reply('busy', spec.b[tight][1], 1000)
-  end
-  -- Larger than the whole budget: it would not fit even with nothing used or held.
+
+local out
+if fit_idle < min_out then
+  -- Larger than what is left even with nothing in flight: no wait helps.
+  leave_queue()
   for _, b in ipairs(spec.b) do
     local room = b[3] - amount(b[2], est_in, 0, pin, pout)
     local per = per_output(b[2], pout)
@@ -179,7 +233,17 @@ if out < min_out then
   end
   local b = spec.b[tight_idle]
   return budget_reply('exceeded', b[1], spec.w[b[4]][2] - now)
+elseif ahead > 0 then
+  return wait()  -- first come, first served: others wait ahead of this one
+elseif fit_idle >= est_out then
+  if fit_room < est_out then return wait() end  -- fits once holds settle
+  out = est_out
+else
+  -- The tail: shrink to what is left, once the holds in flight no longer make it smaller.
+  if fit < fit_idle or fit < min_out then return wait() end
+  out = math.min(est_out, fit)
 end
+leave_queue()
 
 -- Admitted: count the request, take from the buckets, hold the reservation.
 local bucket_take = est_in + out

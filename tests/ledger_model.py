@@ -147,9 +147,11 @@ class LedgerModel:
         charge_on_expiry: bool = False,
         not_after: int = 0,
     ) -> AdmitOutcome:
-        """admit.lua: reserve up to ``estimate`` output, shrunk to fit but not below
-        ``min_output``; refused 'busy' if it would fit with nothing in flight, 'never' if it
-        would not fit even with nothing used, else 'exceeded'. Past ``not_after`` it reserves
+        """admit.lua without a queue or headroom: reserve ``estimate`` output; at a budget's
+        tail (it would not fit even with nothing in flight) shrunk to what is left, not below
+        ``min_output``, once no hold in flight makes that smaller; refused 'busy' while holds
+        in flight stand in the way, 'never' if it would not fit even with nothing used, else
+        'exceeded'. Past ``not_after`` it reserves
         nothing ('late'). A live ``rid`` is a replay: its reservation is answered and nothing
         more is held."""
         if rid in self.settled:
@@ -180,14 +182,8 @@ class LedgerModel:
                 fit, tight = f, i
             if fi < fit_idle:
                 fit_idle, tight_idle = fi, i
-        out = min(estimate, fit)
-        if out < estimate and fit_idle >= estimate:
-            # Shrink only at a budget's tail; while holds are in flight the request waits.
-            return self._admit_reply(now, "busy", 0, self.budgets[tight].field, BUSY_RETRY_MS)
-        if out < min_output:
-            if fit_idle >= min_output:
-                field_ = self.budgets[tight].field
-                return self._admit_reply(now, "busy", 0, field_, BUSY_RETRY_MS)
+        busy_field = self.budgets[tight].field if tight >= 0 else None
+        if fit_idle < min_output:
             for b in self.budgets:
                 dim = b.dimension.short
                 room = b.limit - amount(dim, input_tokens, 0, prices)
@@ -197,6 +193,16 @@ class LedgerModel:
             b = self.budgets[tight_idle]
             retry = b.window.bounds(now).end_ms - now
             return self._admit_reply(now, "exceeded", 0, b.field, retry)
+        if fit_idle >= estimate:
+            # The whole estimate fits once the holds in flight settle: until then it waits.
+            if fit < estimate:
+                return self._admit_reply(now, "busy", 0, busy_field, BUSY_RETRY_MS)
+            out = estimate
+        else:
+            # A budget's tail: shrunk to what is left, once no hold in flight makes it smaller.
+            if fit < fit_idle or fit < min_output:
+                return self._admit_reply(now, "busy", 0, busy_field, BUSY_RETRY_MS)
+            out = min(estimate, fit)
         for b in self.budgets:
             self._hold(b.field, amount(b.dimension.short, input_tokens, out, prices))
         for tag in self.levels:

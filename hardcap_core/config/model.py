@@ -66,6 +66,7 @@ class Route:
     max_output_tokens: int
     min_output_reservation: int
     fallbacks: tuple[str, ...] = ()  # route names tried in order when this one cannot serve
+    queue_wait_seconds: float | None = None  # None: the gateway's
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +79,16 @@ class Principal:
     fail_mode: Literal["open", "closed"]
     allowed_routes: frozenset[str] | None  # None: every route
     scope: Scope
+    queue_wait_seconds: float | None = None  # the tenant's; None: the route's
 
     def allows(self, route: str) -> bool:
         return self.allowed_routes is None or route in self.allowed_routes
+
+    def queue_wait_s(self, route: Route, default: float) -> float:
+        """How long this principal's request on ``route`` may wait in the admission queue."""
+        if self.queue_wait_seconds is not None:
+            return self.queue_wait_seconds
+        return default if route.queue_wait_seconds is None else route.queue_wait_seconds
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,8 @@ class GatewayConfig(_Model):
     upstream_timeout_seconds: PosFloat = 300.0
     chars_per_token: PosFloat = 4.0
     log_prompts: bool = False
+    queue_wait_seconds: NonNegFloat = 10.0
+    extend_headroom_tokens: NonNegInt = 16
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
 
     @field_validator("redis_url")
@@ -184,6 +186,8 @@ class RouteConfig(_Model):
     price: PriceConfig | None = None
     max_output_tokens: PosInt = 4096
     min_output_reservation: PosInt = 16
+    # How long a request may wait for holds in flight (default: the gateway's).
+    queue_wait_seconds: NonNegFloat | None = None
     # Other routes tried in order when this one's upstream fails before any byte reached the
     # client (429, 5xx, timeout, connection error) or its breaker is open. Each is priced and
     # capped as itself; the reservation is made at the highest prices of the chain.
@@ -263,6 +267,8 @@ class OrgConfig(LevelConfig):
 class TenantConfig(LevelConfig):
     org: Id | None = None
     fail_mode: Literal["closed", "open"] = "closed"
+    # How long this tenant's requests may wait for holds in flight (default: the route's).
+    queue_wait_seconds: NonNegFloat | None = None
     routes: list[RouteName] | None = None
     keys: list[KeyConfig] = []
 

@@ -74,6 +74,7 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
             r.name, upstreams[r.upstream], r.model or r.name, r.estimator.settings(),
             Policy(r.policy), prices,
             r.max_output_tokens, r.min_output_reservation, tuple(r.fallbacks),
+            r.queue_wait_seconds,
         )  # fmt: skip
     orgs = {o.id: o for o in file.orgs}
     by_hash: dict[str, Principal] = {}
@@ -86,7 +87,9 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
         allowed = None if t.routes is None else frozenset(t.routes)
         for k in t.keys:
             scope = _scope([(Level(LevelKind.KEY, k.id), k), *chain])
-            by_hash[k.hash] = Principal(k.id, t.id, t.org, t.fail_mode, allowed, scope)
+            by_hash[k.hash] = Principal(
+                k.id, t.id, t.org, t.fail_mode, allowed, scope, t.queue_wait_seconds
+            )
     return Config(gateway, upstreams, routes, source, KeyIndex(by_hash), tenant_scopes)
 
 

@@ -1,7 +1,8 @@
 """Per-request operational metrics of the gateway, as one CloudWatch EMF line on stdout.
 
 Two dimension sets, both low-cardinality (an outcome has a handful of values, an upstream is a
-name from the config): [Outcome] gets Requests; [Upstream] gets Requests and AddedLatency.
+name from the config): [Outcome] gets Requests and QueueWait (how long the request waited in
+its tenant's admission queue, 0 when it did not); [Upstream] gets Requests and AddedLatency.
 Tenants, keys and models never appear here: per-tenant spend comes from the rollup
 (:mod:`hardcap_core.rollup.metrics`), which aggregates first and so costs a fraction of this.
 
@@ -44,7 +45,10 @@ _DIRECTIVES = json.dumps(
         {
             "Namespace": NAMESPACE,
             "Dimensions": [["Outcome"]],
-            "Metrics": [{"Name": "Requests", "Unit": "Count"}],
+            "Metrics": [
+                {"Name": "Requests", "Unit": "Count"},
+                {"Name": "QueueWait", "Unit": "Milliseconds"},
+            ],
         },
         {
             "Namespace": NAMESPACE,
@@ -66,17 +70,19 @@ def record_request(
     outcome: str,
     upstream: str,
     added_latency_ms: float,
+    queue_wait_ms: float = 0.0,
     message: str = "request settled",
     context: Mapping[str, Any] | None = None,
 ) -> None:
     """Write one request's metrics: its outcome, the upstream that served it, and the time the
-    gateway added to it (everything but the upstream's own time), in milliseconds; with
+    gateway added to it (everything but the upstream's own time) and the time it waited to be
+    admitted, in milliseconds; with
     ``message`` and the ``context`` fields of its log line (lower-case names, so they never
     meet a metric's or dimension's).
 
     Raises ValueError for a latency that is not a finite number (JSON cannot carry it)."""
-    if not math.isfinite(added_latency_ms):
-        raise ValueError(f"added latency {added_latency_ms!r} is not a finite number")
+    if not (math.isfinite(added_latency_ms) and math.isfinite(queue_wait_ms)):
+        raise ValueError(f"a latency ({added_latency_ms!r}, {queue_wait_ms!r}) is not finite")
     if is_metrics_disabled():
         logger.info(message, extra=dict(context or {}))
         return
@@ -86,6 +92,7 @@ def record_request(
         f"{_PREFIX}{now_ms}}}"
         f',"Outcome":{_quote(outcome or NO_VALUE)},"Upstream":{_quote(upstream or NO_VALUE)}'
         f',"Requests":1,"AddedLatency":{float(added_latency_ms)!r}'
+        f',"QueueWait":{float(queue_wait_ms)!r}'
         f',"level":"INFO","message":{_quote(message)},"timestamp":{now_ms}'
         f"{',' if fields else ''}{fields}}}\n"
     )

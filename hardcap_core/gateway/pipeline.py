@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -35,6 +36,8 @@ from hardcap_core.errors import (
 from hardcap_core.gateway.answers import output_room, refusal, upstream_states, usage_row
 from hardcap_core.gateway.failover import Targets
 from hardcap_core.gateway.meter import Meter, MeterSettings, SettleFallback
+from hardcap_core.gateway.metrics import record_request
+from hardcap_core.gateway.queue import Wakeups, admit_in_turn
 from hardcap_core.gateway.relay import Relay
 from hardcap_core.gateway.response import RelayResponse
 from hardcap_core.ledger import (
@@ -59,6 +62,10 @@ from hardcap_core.wire.anthropic_count import anthropic_extra_tokens
 from hardcap_core.wire.base import Charged, WireFormat
 
 DEADLINE_MARGIN_S = 3.0  # end and settle a stream this long before Lambda's timeout
+# A request stops waiting to be admitted at least this long before Lambda's timeout, so that
+# what it was admitted for still has time to run.
+QUEUE_DEADLINE_MARGIN_S = 10.0
+QUEUE_WAIT_HEADER = "x-hardcap-queue-wait-ms"
 T = TypeVar("T")
 
 
@@ -76,8 +83,11 @@ class Gateway:
         ledger: Ledger,
         providers: Mapping[str, Provider],
         fallback: SettleFallback | None = None,
+        loop_lag: Callable[[], float] | None = None,
     ) -> None:
         self.config = config
+        self.wakeups = Wakeups()  # settles here wake this process's queued requests
+        self.loop_lag = loop_lag  # the event loop's recent stall, for the meter's margin
         self.ledger = ledger
         self.providers = providers  # by upstream kind: openai, anthropic, bedrock
         self.breakers = Breakers(ledger.client, ledger.scripts, ledger.keys)
@@ -138,7 +148,9 @@ class Gateway:
             route.name, route.model, principal.key_id, request_id, principal.tenant_id,
             principal.org_id or "", route.upstream.name,
         )  # fmt: skip
-        admission = await self._admit(principal, route, chat, max_tokens, meta, wire, arrived)
+        admission = await self._admit(
+            principal, route, chat, max_tokens, meta, wire, arrived, _deadline(request)
+        )
         if self.config.gateway.log_prompts:  # opt-in only: prompts may hold personal data
             logger.info("prompt", extra={"route": route.name, "messages": chat.messages})
         if not chat.stream:
@@ -153,7 +165,7 @@ class Gateway:
             targets.stream(chat, upstream_cap),
             admission.meter,
             wire.encoder(chat, model=route.name, same_dialect=same),
-            deadline=_deadline(request),
+            deadline=_deadline(request, DEADLINE_MARGIN_S),
             log_completion=self.config.gateway.log_prompts,
         )
         await relay.open()
@@ -230,6 +242,7 @@ class Gateway:
         meta: ReservationMeta,
         wire: WireFormat,
         arrived: float,
+        deadline: float | None,
     ) -> Admission:
         policy = route.policy
         estimator = self.estimators[route.name]
@@ -243,22 +256,49 @@ class Gateway:
         else:
             estimate = max_tokens  # a reply that cannot be cut is capped at what is reserved
         least = min(route.min_output_reservation, estimate) if policy.cuts else estimate
-        result = await self._ledger_call(
-            self.ledger.admit(
+        rid = uuid.uuid4().hex
+        g = self.config.gateway
+
+        def admit(ticket_ms: int) -> Any:
+            return self.ledger.admit(
                 principal.scope,
                 input_tokens=input_tokens,
                 output_estimate=estimate,
                 min_output=least,
                 prices=self.hold_prices[route.name],
+                reservation_id=rid,
                 fail_open=principal.fail_mode == "open",
                 meta=meta,
                 # A hold whose settle never comes (the instance died) is charged, not
                 # refunded: it is the gateway's own upper estimate of what was generated.
                 charge_on_expiry=True,
+                queue_ticket_ms=ticket_ms,
+                headroom=g.extend_headroom_tokens,
             )
-        )
+
+        wait_s = principal.queue_wait_s(route, g.queue_wait_seconds)
+        if deadline is not None:
+            wait_s = min(wait_s, deadline - asyncio.get_running_loop().time())
+        waited = await self._ledger_call(
+            admit_in_turn(
+                admit, ledger=self.ledger, scope=principal.scope, reservation_id=rid,
+                meta=meta, wait_s=wait_s, wakeups=self.wakeups,
+            )
+        )  # fmt: skip
+        result = waited.result
+        wait_header = {QUEUE_WAIT_HEADER: str(round(waited.seconds * 1000))}
         if isinstance(result, Refused):
-            raise refusal(result, wire)
+            error = refusal(result, wire)
+            error.headers.update(wait_header)
+            if waited.seconds:
+                record_request(
+                    outcome=result.reason.value, upstream=route.upstream.name,
+                    added_latency_ms=0.0, queue_wait_ms=waited.seconds * 1000,
+                    message="request refused after waiting",
+                    context={"route": route.name, "request_id": meta.request_id,
+                             "tenant": meta.tenant, "key_id": meta.key_id},
+                )  # fmt: skip
+            raise error
         reservation = None
         room = None
         unguarded_id = None
@@ -275,6 +315,7 @@ class Gateway:
             headers = wire.budget_headers(result.budgets, result.rates, result.server_time_ms)
             if policy.cuts:
                 room = output_room(result, self.hold_prices[route.name])
+        headers.update(wait_header)
         meter = Meter(
             self.ledger,
             principal.scope,
@@ -290,6 +331,9 @@ class Gateway:
             fallback=self.fallback,
             upstream=route.upstream.name,
             admitted_in_s=time.perf_counter() - arrived,
+            queue_wait_s=waited.seconds,
+            loop_lag=self.loop_lag,
+            on_settled=lambda: self.wakeups.freed(principal.scope),
         )
         return Admission(meter, headers, room)
 
@@ -364,8 +408,9 @@ class Gateway:
             ) from e
 
 
-def _deadline(request: Request) -> float | None:
-    """Monotonic time by which a stream must end, from the Lambda Web Adapter's context header."""
+def _deadline(request: Request, margin_s: float = QUEUE_DEADLINE_MARGIN_S) -> float | None:
+    """Event-loop time ``margin_s`` before the Lambda invocation's deadline, from the Lambda Web
+    Adapter's context header (None outside Lambda)."""
     raw = request.headers.get("x-amzn-lambda-context")
     if not raw:
         return None
@@ -373,7 +418,7 @@ def _deadline(request: Request) -> float | None:
         deadline_ms = int(json.loads(raw)["deadline"])
     except (ValueError, KeyError, TypeError):
         return None
-    left = deadline_ms / 1000 - time.time() - DEADLINE_MARGIN_S
+    left = deadline_ms / 1000 - time.time() - margin_s
     return asyncio.get_running_loop().time() + left
 
 

@@ -112,6 +112,8 @@ class Ledger:
         fail_open: bool = False,
         meta: ReservationMeta = NO_META,
         charge_on_expiry: bool = False,
+        queue_ticket_ms: int = 0,
+        headroom: int = 0,
     ) -> AdmitResult:
         """Check rate limits and every budget of ``scope``; reserve the estimate if it fits.
 
@@ -123,6 +125,12 @@ class Ledger:
         caller's upper estimate of what the provider generated) instead of returning it.
         Refused with ``never_fits`` when the input and least output exceed a budget's whole
         limit. An admit the server runs after this call gave up reserves nothing.
+        ``queue_ticket_ms`` > 0: where the request would wait for holds in flight to settle, it
+        takes (or renews) a ticket in its tenant's first-come-first-served queue that lapses
+        after that long, and gets :class:`Queued`; call again with the same
+        ``reservation_id`` to be admitted in turn, or :meth:`leave_queue`. 0: it is refused
+        ``budget_busy`` instead. ``headroom``: output tokens each hold in flight on a budget
+        keeps free for its extends; a request waits rather than take them.
         If the server cannot be reached: :class:`Unguarded` when ``fail_open``, else raise
         :class:`LedgerUnavailable`.
         """
@@ -137,14 +145,14 @@ class Ledger:
             f',"r":{plan.rates_json},"i":{int(input_tokens)},"o":{int(output_estimate)}'
             f',"mo":{int(least)},"pi":{int(prices.input_nusd)},"po":{int(prices.output_nusd)}'
             f',"m":{dumps(meta.record())},"x":{1 if charge_on_expiry else 0}'
-            f',"lv":{plan.levels_json}'
+            f',"lv":{plan.levels_json},"q":{int(queue_ticket_ms)},"hr":{int(headroom)}'
         )
         settled = plan.settled_prefix + rid
 
         def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
             used_keys, spec = self._spec_json(plan, now_ms, more)
             na = now_ms + self.call_timeout_ms - LATE_MARGIN_MS
-            keys = [*plan.ledger_keys, settled, *used_keys]
+            keys = [*plan.ledger_keys, settled, *plan.queue_keys, *used_keys]
             return keys, [rid, self.ttl_ms, f'{spec}{extra},"na":{na}}}']
 
         try:
@@ -155,6 +163,17 @@ class Ledger:
             raise
         asked = Reservation(rid, scope, prices, input_tokens, output_estimate, meta)
         return parse_admit(reply, scope, asked)
+
+    async def leave_queue(
+        self, scope: Scope, reservation_id: str, *, meta: ReservationMeta = NO_META
+    ) -> bool:
+        """Give up ``reservation_id``'s place in its tenant's admission queue (it waited as long
+        as it could), recording the refusal once; True if it was still waiting."""
+        plan = self.plans.of(scope)
+        record = dumps(_with_levels(meta, plan).record())
+        keys = [*plan.ledger_keys, *plan.queue_keys]
+        reply = await guarded(self.scripts.leave(keys=keys, args=[reservation_id, record, "busy"]))
+        return bool(int(reply[2]))
 
     async def extend(
         self, reservation: Reservation, tokens: int, *, least: int = 1

@@ -47,6 +47,14 @@ class Keyspace:
         """An id of the stream's life: a new one once the cache lost the stream and its group."""
         return f"{self.prefix}:{{{root.tag}}}:usage:gen"
 
+    def queue(self, scope: Scope) -> list[str]:
+        """The admission queue of ``scope``'s tenant (without a tenant level, of its first
+        level): waiting id -> when it joined, and waiting id -> when its ticket lapses."""
+        b = self._base(scope)
+        who = next((lv.tag for lv in scope.levels if lv.kind is LevelKind.TENANT), None)
+        who = who or scope.levels[0].tag
+        return [f"{b}:q:{who}", f"{b}:qx:{who}"]
+
     def settled(self, scope: Scope, rid: str) -> str:
         return f"{self._base(scope)}:s:{rid}"
 

@@ -41,6 +41,7 @@ class ScopePlan:
         "levels_json",
         "no_meta",
         "org",
+        "queue_keys",
         "rates_json",
         "rows_json",
         "scope",
@@ -53,6 +54,7 @@ class ScopePlan:
         self._keys = keys
         self.ledger_keys = keys.ledger(scope)
         self.settled_prefix = keys.settled(scope, "")
+        self.queue_keys = keys.queue(scope)
         self._windows = scope.windows()
         index = {w.spec: i + 1 for i, w in enumerate(self._windows)}
         self.rows_json = dumps(

@@ -158,6 +158,16 @@ class Refused:
 
 
 @dataclass(frozen=True, slots=True)
+class Queued:
+    """The request waits in its tenant's admission queue for holds in flight to settle; it is
+    refused ``budget_busy`` (``as_refused``) if it stops waiting."""
+
+    ahead: int  # requests waiting ahead of it (0: it is first in line)
+    as_refused: Refused
+    server_time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class Unguarded:
     """The budget server could not be reached and the tenant fails open: the request goes ahead
     with no reservation. (Fail closed, the default, raises :class:`LedgerUnavailable` instead.)"""
@@ -226,7 +236,7 @@ class Usage:
         return next((n for lv, n in self.live_by_level if lv.kind is kind), None)
 
 
-AdmitResult = Admitted | Refused | Unguarded
+AdmitResult = Admitted | Refused | Queued | Unguarded
 ExtendResult = Extended | ExtendRefused | ReservationGone
 
 
@@ -325,6 +335,14 @@ def parse_admit(reply: Sequence[Any], scope: Scope, reservation: Reservation) ->
             reservation.meta,
         )  # fmt: skip
         return Admitted(held, budgets, r.rate_states(), r.now_ms)
+    if r.status == "queued":
+        level, dimension, budget = r.locate(r.text())
+        ahead = r.int()
+        busy = Refused(
+            Refusal.BUSY, level, dimension, budget, 1000, r.budget_states(), r.rate_states(),
+            r.now_ms,
+        )  # fmt: skip
+        return Queued(ahead, busy, r.now_ms)
     if r.status not in REFUSALS:
         raise r.unexpected("admit")
     level, dimension, budget = r.locate(r.text())

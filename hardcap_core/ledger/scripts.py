@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
 
-LEDGER_SCRIPTS = ("admit", "extend", "settle", "usage", "hydrate")
+LEDGER_SCRIPTS = ("admit", "extend", "settle", "usage", "hydrate", "leave")
 STANDALONE_SCRIPTS = ("estimator_record", "estimator_vote", "unlock", "breaker")
 
 
@@ -56,6 +56,7 @@ class Scripts:
     settle: Script
     usage: Script
     hydrate: Script
+    leave: Script
     estimator_record: Script
     estimator_vote: Script
     unlock: Script

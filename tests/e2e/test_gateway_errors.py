@@ -3,6 +3,8 @@ that a refused or failed request charges nothing and leaks no reservation."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -144,7 +146,9 @@ def test_budget_busy_then_exceeded(
     valkey: LocalValkey, mock: Mock, sdk: Callable[..., openai.OpenAI]
 ) -> None:
     budgets = [{"dimension": "total_tokens", "limit": 300, "window": "day"}]
-    with _gateway(valkey, mock, **{"tenants.0.budgets": budgets}) as url:
+    # This tenant does not wait in the admission queue: busy is answered at once.
+    overrides = {"tenants.0.budgets": budgets, "tenants.0.queue_wait_seconds": 0}
+    with _gateway(valkey, mock, **overrides) as url:
         c = sdk(url)
         # A stream with max_tokens 280 holds nearly all of the 300 while it runs ...
         stream = c.chat.completions.create(
@@ -159,6 +163,7 @@ def test_budget_busy_then_exceeded(
             c.chat.completions.create(model="small", messages=HI, max_tokens=100)
         assert busy.value.code == "budget_busy"
         assert busy.value.response.headers["retry-after"] == "1"
+        assert busy.value.response.headers["x-hardcap-queue-wait-ms"] == "0"
         list(stream)  # settles at what it really used: the hold is released
         spend = [{"role": "user", "content": "x [mock:tokens=270]"}]
         c.chat.completions.create(model="small", messages=spend, max_tokens=280, user="alpha")
@@ -258,3 +263,60 @@ def test_budget_server_down_fails_closed_or_open_per_tenant(
         )
         assert streamed.headers["x-hardcap-budget"] == "unenforced"
         assert [c for c in streamed.parse() if c.choices and c.choices[0].delta.content]
+
+
+def test_a_busy_request_waits_its_turn_then_is_served(
+    valkey: LocalValkey, mock: Mock, sdk: Callable[..., openai.OpenAI]
+) -> None:
+    """Instead of budget_busy, a request that would fit once the stream in flight settles
+    waits for it (the default queue) and is served; the wait is in a header."""
+    budgets = [{"dimension": "total_tokens", "limit": 300, "window": "day"}]
+    mock.reset()
+    with _gateway(valkey, mock, **{"tenants.0.budgets": budgets}) as url:
+        c = sdk(url)
+        stream = c.chat.completions.create(
+            model="small",
+            messages=[{"role": "user", "content": "x [mock:tokens=4] [mock:pace_ms=250]"}],
+            max_tokens=280,
+            stream=True,
+            user="alpha",
+        )
+        reader = threading.Thread(target=lambda: list(stream))
+        reader.start()
+        short = [{"role": "user", "content": "y [mock:tokens=5]"}]
+        raw = c.chat.completions.with_raw_response.create(
+            model="small", messages=short, max_tokens=100, user="alpha"
+        )
+        reader.join(timeout=30)
+        reply = raw.parse()
+        assert reply.choices[0].finish_reason == "stop"
+        waited = int(raw.headers["x-hardcap-queue-wait-ms"])
+        assert waited >= 300  # the stream took about a second to end and free its hold
+        assert mock.truth("alpha")["total_tokens"] <= 300
+
+
+def test_a_request_that_waited_too_long_is_busy_and_costs_nothing(
+    valkey: LocalValkey, mock: Mock, sdk: Callable[..., openai.OpenAI]
+) -> None:
+    budgets = [{"dimension": "total_tokens", "limit": 300, "window": "day"}]
+    overrides = {"tenants.0.budgets": budgets, "tenants.0.queue_wait_seconds": 0.4}
+    mock.reset()
+    with _gateway(valkey, mock, **overrides) as url:
+        c = sdk(url)
+        stream = c.chat.completions.create(
+            model="small",
+            messages=[{"role": "user", "content": "x [mock:tokens=4] [mock:pace_ms=500]"}],
+            max_tokens=280,
+            stream=True,
+            user="alpha",
+        )
+        started = time.monotonic()
+        with pytest.raises(openai.RateLimitError) as busy:
+            c.chat.completions.create(model="small", messages=HI, max_tokens=100, user="alpha")
+        assert time.monotonic() - started >= 0.4
+        assert busy.value.code == "budget_busy"
+        assert int(busy.value.response.headers["x-hardcap-queue-wait-ms"]) >= 400
+        assert busy.value.response.headers["retry-after"] == "1"
+        list(stream)
+        # Only the stream reached the provider: the refused request was never sent.
+        assert mock.truth("alpha")["requests"] == 1

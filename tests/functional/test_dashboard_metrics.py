@@ -65,6 +65,7 @@ CONTRACT: set[Ref] = {
     (NAMESPACE, frozenset(), "RollupLagSeconds"),
     (NAMESPACE, frozenset(), "RecordsApplied"),
     (NAMESPACE, frozenset({"Outcome"}), "Requests"),
+    (NAMESPACE, frozenset({"Outcome"}), "QueueWait"),
     (NAMESPACE, frozenset({"Upstream"}), "Requests"),
     (NAMESPACE, frozenset({"Upstream"}), "AddedLatency"),
 }  # fmt: skip
@@ -273,7 +274,8 @@ def test_the_metrics_line_is_also_the_requests_log_line(capsys: pytest.CaptureFi
     assert (blob["level"], blob["message"]) == ("INFO", "request settled")
     assert set(declared(blob)) == {
         ("Hardcap", frozenset({"Outcome"}), "Requests"),
+        ("Hardcap", frozenset({"Outcome"}), "QueueWait"),
         ("Hardcap", frozenset({"Upstream"}), "Requests"),
         ("Hardcap", frozenset({"Upstream"}), "AddedLatency"),
     }
-    assert (blob["Outcome"], blob["AddedLatency"]) == ("completed", 1.5)
+    assert (blob["Outcome"], blob["AddedLatency"], blob["QueueWait"]) == ("completed", 1.5, 0.0)
