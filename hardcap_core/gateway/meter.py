@@ -8,10 +8,10 @@ notice a close, plus how long this process's event loop stalled lately — it ma
 again before a close goes out — plus a margin for the next batch, plus a configured least). It
 asks for more room before that estimate comes near the reservation; when the budget refuses,
 truncate mode stops as soon as the estimate would pass the reservation, because a provider
-keeps generating after the gateway stops reading, and bills those tokens too. A gateway starved of CPU reads
-late and in big batches: the estimate grows with the lag, so it stops earlier. A cut stream is
-charged that estimate: tokens known to be generated always, the in-flight guess at most up to
-the reservation.
+keeps generating after the gateway stops reading, and bills those tokens too. A gateway
+starved of CPU reads late and in big batches: the estimate grows with the lag, so it stops
+earlier. A cut stream is charged that estimate: tokens known to be generated always, the
+in-flight guess at most up to the reservation.
 """
 
 from __future__ import annotations
