@@ -2,9 +2,9 @@
 
 The queue itself is in the cache (``lua/admit.lua``: one per tenant, in the hierarchy's slot,
 first come first served across every instance). This module is the waiting side: take a
-ticket, ask again — sooner the nearer the front, at once when a settle in this process freed
-budget of the same hierarchy — and give up after the configured wait or before the Lambda
-deadline, leaving the queue so nobody waits behind a request that has gone.
+ticket, ask again — sooner the nearer the front (:func:`poll_after`), at once when a settle in
+this process freed budget of the same hierarchy — and give up after the configured wait or
+before the Lambda deadline, leaving the queue so nobody waits behind a request that has gone.
 
 Waiting costs on Lambda: the invocation is billed for its whole duration, so a request that
 waits 2 s costs 2 s of the function's memory (docs/design.md "The admission queue").
@@ -24,10 +24,11 @@ from hardcap_core.budgets import Scope
 from hardcap_core.errors import LedgerUnavailable
 from hardcap_core.ledger import AdmitResult, Ledger, Queued, ReservationMeta
 
-POLL_FIRST_S = 0.025  # the first in line asks again this soon; each one ahead adds as much
-POLL_MAX_S = 0.5  # ... up to this
-TICKET_S = POLL_MAX_S * 1.25 + 1.0  # a ticket not renewed this long lapses (its waiter is gone)
+POLL_FIRST_S = 0.025  # the first in line asks again this soon ...
+POLL_PER_AHEAD_S = 0.05  # ... and each one ahead adds this (it is admitted in turn first) ...
+POLL_MAX_S = 2.0  # ... up to this
 JITTER = 0.2  # +-20 % on every pause, so waiters on many instances do not ask in step
+TICKET_SLACK_S = 0.5  # a ticket lapses this long after its waiter's next call was due
 
 
 class Wakeups:
@@ -72,7 +73,9 @@ async def admit_in_turn(
     began = loop.time()
     if wait_s <= 0:
         return Waited(await admit(0), 0.0)
-    result = await admit(int(TICKET_S * 1000))
+    # The first call does not know its place yet: its ticket covers the longest pause. Later
+    # ones cover the pause their place gives (a place only moves forward).
+    result = await admit(_ticket_ms(POLL_MAX_S))
     if not isinstance(result, Queued):
         return Waited(result, 0.0)
     end = began + wait_s
@@ -81,9 +84,9 @@ async def admit_in_turn(
             left = end - loop.time()
             if left <= 0:
                 break
-            pause = min(POLL_FIRST_S * (1 + result.ahead), POLL_MAX_S)
-            await wakeups.pause(scope, min(pause * random.uniform(1 - JITTER, 1 + JITTER), left))
-            result = await admit(int(TICKET_S * 1000))
+            pause = poll_after(result.ahead)
+            await wakeups.pause(scope, min(pause * random.uniform(1 - JITTER, 1), left))
+            result = await admit(_ticket_ms(pause))
     finally:
         if isinstance(result, Queued):
             # Gone from the front at once (it stopped waiting, or its client left): nobody
@@ -94,3 +97,12 @@ async def admit_in_turn(
     if isinstance(result, Queued):
         return Waited(result.as_refused, waited)
     return Waited(result, waited)
+
+
+def poll_after(ahead: int) -> float:
+    """Seconds a waiter with ``ahead`` requests before it waits before asking again."""
+    return min(POLL_FIRST_S + POLL_PER_AHEAD_S * ahead, POLL_MAX_S)
+
+
+def _ticket_ms(pause_s: float) -> int:
+    return int((pause_s * (1 + JITTER) + TICKET_SLACK_S) * 1000)
