@@ -76,7 +76,7 @@ class GatewayConfig(_Model):
     upstream_timeout_seconds: PosFloat = 300.0
     chars_per_token: PosFloat = 4.0
     log_prompts: bool = False
-    queue_wait_seconds: NonNegFloat = 10.0
+    queue_wait_seconds: NonNegFloat = 5.0
     extend_headroom_tokens: NonNegInt = 16
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
 

@@ -54,7 +54,7 @@ class GatewaySettings:
     log_prompts: bool = False
     # How long a request may wait in its tenant's admission queue for holds in flight to
     # settle before it is refused budget_busy (a route or tenant may say otherwise); 0: never.
-    queue_wait_seconds: float = 10.0
+    queue_wait_seconds: float = 5.0
     # Output tokens per stream in flight that a budget keeps free for those streams' extends.
     extend_headroom_tokens: int = 16
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
