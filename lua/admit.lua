@@ -3,7 +3,8 @@
 -- KEYS[1..9] the ledger keys every script takes (lib.lua: reserved, res, exp, rl, expired,
 --            expired_at, live, usage, restored)
 -- KEYS[10]   hc:{root}:s:<reservation id>  string  set once this id was settled
--- KEYS[11]   hc:{root}:q:<tenant>   zset  the tenant's admission queue: waiting id -> joined, ms
+-- KEYS[11]   hc:{root}:q:<tenant>   zset  the tenant's admission queue: waiting id -> when it
+--                                          joined (ms) less 10^13 per priority class
 -- KEYS[12]   hc:{root}:qx:<tenant>  zset  waiting id -> when its ticket lapses unless renewed, ms
 -- KEYS[13..] hc:{root}:u:<window spec>:<window id>  hash  budget field -> used, one key per window
 --
@@ -18,6 +19,7 @@
 --                 lv: the scope's level tags (its live reservations are counted per level),
 --                 q: ms a queue ticket lives unless this id calls again (0 or absent: this
 --                    request does not wait; it is refused 'busy' where it would queue),
+--                 qp: its class in the queue, 0-9: it waits ahead of every lower class,
 --                 hr: output tokens kept free per live reservation on a budget, for the
 --                     extends of the streams in flight (0 or absent: none),
 --                 m: {rt, md, k, rq, tn, og, pv} (lib.lua: meta), kept on the reservation
@@ -166,7 +168,11 @@ for _, id in ipairs(lapsed) do
   redis.call('ZREM', KEYS[K_QX], id)
 end
 local rank = redis.call('ZRANK', KEYS[K_Q], rid)
-local ahead = rank or redis.call('ZCARD', KEYS[K_Q])
+local ahead = rank
+if not rank then
+  -- A newcomer waits behind those of its class or higher.
+  ahead = redis.call('ZCOUNT', KEYS[K_Q], '-inf', now - (spec.qp or 0) * 1e13)
+end
 local function leave_queue()
   if rank then
     redis.call('ZREM', KEYS[K_Q], rid)
@@ -209,7 +215,8 @@ tight = tight or 1
 -- Wait (queue or 'busy') while holds in flight stand between this request and its room.
 local function wait()
   if queue_ttl > 0 then
-    if not rank then redis.call('ZADD', KEYS[K_Q], now, rid) end
+    -- Ordered by class, then by when it joined (a class is worth more than any time).
+    if not rank then redis.call('ZADD', KEYS[K_Q], now - (spec.qp or 0) * 1e13, rid) end
     redis.call('ZADD', KEYS[K_QX], now + queue_ttl, rid)
     keep_alive(queue_ttl + minute, KEYS[K_Q], KEYS[K_QX])
     local reply = {'queued', now, spec.b[tight][1], ahead}

@@ -80,6 +80,7 @@ class Principal:
     allowed_routes: frozenset[str] | None  # None: every route
     scope: Scope
     queue_wait_seconds: float | None = None  # the tenant's; None: the route's
+    queue_priority: int = 0  # the key's class in the admission queue: higher goes first
 
     def allows(self, route: str) -> bool:
         return self.allowed_routes is None or route in self.allowed_routes

@@ -249,6 +249,8 @@ class LevelConfig(_Model):
 
 class KeyConfig(LevelConfig):
     hash: str
+    # Waiting for budget, this key's requests go ahead of every lower class (0 to 9).
+    queue_priority: Annotated[int, Field(ge=0, le=9)] = 0
 
     @field_validator("hash")
     @classmethod

@@ -88,8 +88,9 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
         for k in t.keys:
             scope = _scope([(Level(LevelKind.KEY, k.id), k), *chain])
             by_hash[k.hash] = Principal(
-                k.id, t.id, t.org, t.fail_mode, allowed, scope, t.queue_wait_seconds
-            )
+                k.id, t.id, t.org, t.fail_mode, allowed, scope, t.queue_wait_seconds,
+                k.queue_priority,
+            )  # fmt: skip
     return Config(gateway, upstreams, routes, source, KeyIndex(by_hash), tenant_scopes)
 
 

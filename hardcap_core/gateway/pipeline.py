@@ -273,6 +273,7 @@ class Gateway:
                 # refunded: it is the gateway's own upper estimate of what was generated.
                 charge_on_expiry=True,
                 queue_ticket_ms=ticket_ms,
+                queue_priority=principal.queue_priority,
                 headroom=g.extend_headroom_tokens,
             )
 

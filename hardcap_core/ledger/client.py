@@ -113,6 +113,7 @@ class Ledger:
         meta: ReservationMeta = NO_META,
         charge_on_expiry: bool = False,
         queue_ticket_ms: int = 0,
+        queue_priority: int = 0,
         headroom: int = 0,
     ) -> AdmitResult:
         """Check rate limits and every budget of ``scope``; reserve the estimate if it fits.
@@ -129,7 +130,8 @@ class Ledger:
         takes (or renews) a ticket in its tenant's first-come-first-served queue that lapses
         after that long, and gets :class:`Queued`; call again with the same
         ``reservation_id`` to be admitted in turn, or :meth:`leave_queue`. 0: it is refused
-        ``budget_busy`` instead. ``headroom``: output tokens each hold in flight on a budget
+        ``budget_busy`` instead. ``queue_priority``: its class in the queue (a higher one
+        goes ahead of every lower one). ``headroom``: output tokens each hold in flight on a budget
         keeps free for its extends; a request waits rather than take them.
         If the server cannot be reached: :class:`Unguarded` when ``fail_open``, else raise
         :class:`LedgerUnavailable`.
@@ -145,7 +147,8 @@ class Ledger:
             f',"r":{plan.rates_json},"i":{int(input_tokens)},"o":{int(output_estimate)}'
             f',"mo":{int(least)},"pi":{int(prices.input_nusd)},"po":{int(prices.output_nusd)}'
             f',"m":{dumps(meta.record())},"x":{1 if charge_on_expiry else 0}'
-            f',"lv":{plan.levels_json},"q":{int(queue_ticket_ms)},"hr":{int(headroom)}'
+            f',"lv":{plan.levels_json},"q":{int(queue_ticket_ms)},"qp":{int(queue_priority)}'
+            f',"hr":{int(headroom)}'
         )
         settled = plan.settled_prefix + rid
 

@@ -194,3 +194,18 @@ async def test_waiting_in_turn_gives_up_busy_and_leaves(ledger: Ledger) -> None:
     # It left: the next request is first in line.
     nxt = await admit(ledger, sc, "next", 500)
     assert isinstance(nxt, Queued) and nxt.ahead == 0
+
+
+async def test_a_higher_priority_class_waits_ahead(ledger: Ledger) -> None:
+    sc = scope((TENANT, TOT, 1000, "day"))
+    held = await admit(ledger, sc, "held", 900)
+    assert isinstance(await admit(ledger, sc, "early", 500), Queued)
+    assert isinstance(await admit(ledger, sc, "early-2", 500), Queued)
+    urgent = await admit(ledger, sc, "urgent", 500, queue_priority=2)
+    assert isinstance(urgent, Queued) and urgent.ahead == 0
+    behind = await admit(ledger, sc, "early", 500)
+    assert isinstance(behind, Queued) and behind.ahead == 1
+    await ledger.settle(held.reservation, input_tokens=0, output_tokens=100)
+    assert isinstance(await admit(ledger, sc, "early", 500), Queued)  # not its turn yet
+    assert isinstance(await admit(ledger, sc, "urgent", 500, queue_priority=2), Admitted)
+    assert isinstance(await admit(ledger, sc, "early", 500), Queued)  # 100 of the 500 free
