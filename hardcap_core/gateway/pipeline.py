@@ -34,6 +34,7 @@ from hardcap_core.errors import (
 )
 from hardcap_core.gateway.answers import output_room, refusal, upstream_states, usage_row
 from hardcap_core.gateway.failover import Targets
+from hardcap_core.gateway.loop_lag import LoopLag
 from hardcap_core.gateway.meter import Meter, MeterSettings, SettleFallback
 from hardcap_core.gateway.relay import Relay
 from hardcap_core.gateway.response import RelayResponse
@@ -76,8 +77,13 @@ class Gateway:
         ledger: Ledger,
         providers: Mapping[str, Provider],
         fallback: SettleFallback | None = None,
+        *,
+        loop_lag: LoopLag | None = None,
     ) -> None:
         self.config = config
+        # This process's event-loop lag monitor (the app starts it; readings are 0 when it
+        # does not run): recent_max_s is how long the gateway may stall again.
+        self.loop_lag = loop_lag or LoopLag()
         self.ledger = ledger
         self.providers = providers  # by upstream kind: openai, anthropic, bedrock
         self.breakers = Breakers(ledger.client, ledger.scripts, ledger.keys)
