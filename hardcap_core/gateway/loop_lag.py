@@ -85,6 +85,11 @@ class LoopLag:
     def running(self) -> bool:
         return self._handle is not None
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop it ticks on (None before :meth:`start`)."""
+        return self._loop
+
     # -- the timer ----------------------------------------------------------------------------
 
     def start(self) -> None:
