@@ -81,6 +81,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pace-ms", type=float, default=10.0, help="mock ms per token")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--quota", type=float, default=0.5, help="cores for all gateways (cgroup)")
+    p.add_argument(
+        "--shed-ms",
+        type=float,
+        default=0.0,
+        help="gateway.shed_when_loop_lag_ms (0: off, the default: measure without shedding)",
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "loop-lag.json")
     return p.parse_args(argv)
 
@@ -146,10 +152,13 @@ async def load(urls: list[str], ns: argparse.Namespace, seed: int) -> dict[str, 
             for i in range(ns.tenants)
         )
     )
-    return {
+    counts: dict[str, Any] = {
         key: sum(getattr(r, key) for r in runs)
         for key in ("requests", "completed", "truncated", "capped", "busy", "errors")
     }
+    # With shedding on, the errors are the 503s (a client here retries one after 50 ms).
+    counts["error_samples"] = sorted({s for r in runs for s in r.error_samples})
+    return counts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine_info": machine_info(),
         "parameters": {k: str(v) if isinstance(v, Path) else v for k, v in vars(ns).items()},
         "notes": [
-            "Lateness of the gateways' own LoopLag ticks (25 ms interval), shedding off. "
+            "Lateness of the gateways' own LoopLag ticks (25 ms interval); shedding as "
+            "parameters.shed_ms says (0: off). "
             "would_shed replays the monitor's hysteresis (hold 1 s) on the recorded ticks: "
             "the share of the phase it would have refused new requests, and how often it "
             "would have started.",
@@ -175,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         with LocalValkey() as valkey:
             mock = stack.start_mock(tmp, pace_ms=ns.pace_ms, seed=7, nice=-10)
             try:
-                data = stack.base_config(mock.url, valkey.url, shed_when_loop_lag_ms=0)
+                data = stack.base_config(mock.url, valkey.url, shed_when_loop_lag_ms=ns.shed_ms)
                 data["routes"] = [stack.mock_route("bench", max_output_tokens=ns.max_tokens)]
                 data["tenants"] = [
                     stack.tenant_entry(f"t{i}", 10**12, "day") for i in range(ns.tenants)
