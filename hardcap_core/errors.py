@@ -123,3 +123,11 @@ class UpstreamTimeout(GatewayError):
     status = 504
     type = "upstream_error"
     code = "upstream_timeout"
+
+
+class Overloaded(GatewayError):
+    """503: this gateway's event loop lags, so it sheds new requests (retry shortly)."""
+
+    status = 503
+    type = "overloaded_error"
+    code = "overloaded"

@@ -73,6 +73,7 @@ class GatewayConfig(_Model):
     extend_when_within: NonNegInt = 32
     truncate_guard_tokens: NonNegInt = 4
     truncate_guard_ms: NonNegFloat = 50.0
+    shed_when_loop_lag_ms: NonNegFloat = 1000.0
     upstream_timeout_seconds: PosFloat = 300.0
     chars_per_token: PosFloat = 4.0
     log_prompts: bool = False

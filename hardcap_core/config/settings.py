@@ -49,6 +49,8 @@ class GatewaySettings:
     extend_when_within: int = 32
     truncate_guard_tokens: int = 4
     truncate_guard_ms: float = 50.0
+    # Refuse new chat requests (503) while the event loop runs this late; 0: never.
+    shed_when_loop_lag_ms: float = 1000.0
     upstream_timeout_seconds: float = 300.0
     chars_per_token: float = 4.0
     log_prompts: bool = False

@@ -36,11 +36,15 @@ from hardcap_core.errors import (
     LedgerUnavailable,
     MethodNotAllowed,
     NotFound,
+    Overloaded,
     ServiceUnavailable,
 )
+from hardcap_core.gateway.loop_lag import LoopLag, on_lambda
 from hardcap_core.gateway.meter import SettleFallback
+from hardcap_core.gateway.metrics import record_request
 from hardcap_core.gateway.pipeline import Gateway
 from hardcap_core.gateway.request_id import RequestIdMiddleware, request_id
+from hardcap_core.gateway.shed import SHED_OUTCOME, Shedder
 from hardcap_core.ledger import Ledger
 from hardcap_core.ledger.connection import connect
 from hardcap_core.logs import logger
@@ -75,6 +79,10 @@ class Runtime:
         self._http_client = http_client
         self._gateway: Gateway | None = None
         self._lock = asyncio.Lock()
+        # How late this process's event loop runs (started with the server, off on Lambda),
+        # and the check that refuses new chat requests while it is too late.
+        self.loop_lag = LoopLag(threshold_s=config.gateway.shed_when_loop_lag_ms / 1000)
+        self.shedder = Shedder(self.loop_lag)
 
     async def warm(self) -> None:
         """Build the clients and the gateway now instead of on the first request. A failure is
@@ -125,7 +133,7 @@ class Runtime:
         self._http_client = self._http_client or make_transport()
         ledger, fallback = _ledger(client, self.config)
         providers = providers_for(self.config, self._http_client)
-        return Gateway(self.config, ledger, providers, fallback)
+        return Gateway(self.config, ledger, providers, fallback, loop_lag=self.loop_lag)
 
     async def aclose(self) -> None:
         if self._http_client is not None:
@@ -161,14 +169,18 @@ def create_app(
             principal: Principal | None = None
             gateway: Gateway | None = None
             status = 500
+            shed = False
             try:
                 gateway = await runtime.gateway()
                 principal = gateway.authenticate(request)
+                if handler is chat:
+                    runtime.shedder.check()  # before admission: a shed request costs nothing
                 response = await handler(gateway, request, principal, wire)
                 status = response.status_code
                 return response
             except GatewayError as e:
                 status = e.status
+                shed = isinstance(e, Overloaded)
                 headers = dict(e.headers)
                 if gateway and principal and status not in (429, 503) and not headers:
                     headers = await gateway.headers_for(principal, wire)
@@ -181,7 +193,9 @@ def create_app(
             finally:
                 # An admitted chat request's line is written when it settles (the metrics
                 # line, gateway/metrics.py): one line per request, not two.
-                if not (status == 200 and handler is chat):
+                if shed:
+                    _record_shed(request, rid, principal, started)
+                elif not (status == 200 and handler is chat):
                     _log_request(request, rid, status, principal, started)
 
         return serve
@@ -229,9 +243,13 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Built before the server listens (Lambda's init phase, held by a SnapStart snapshot);
-        # closed on shutdown.
+        # closed on shutdown. The loop-lag monitor runs with the server (not on Lambda: see
+        # hardcap_core/gateway/loop_lag.py).
+        if not on_lambda():
+            runtime.loop_lag.start()
         await runtime.warm()
         yield
+        await runtime.loop_lag.stop()
         await runtime.aclose()
 
     app = Starlette(
@@ -249,6 +267,7 @@ def create_app(
         exception_handlers={404: http_error, 405: http_error},
     )
     app.state.runtime = runtime
+    app.state.loop_lag = runtime.loop_lag
     return app
 
 
@@ -289,6 +308,24 @@ def _log_request(
             "tenant": principal.tenant_id if principal else None,
             "key_id": principal.key_id if principal else None,
             "ms": round((time.perf_counter() - started) * 1000, 2),
+        },
+    )
+
+
+def _record_shed(request: Request, rid: str, principal: Principal | None, started: float) -> None:
+    """A shed request's line: the request metric with outcome ``shed`` (no upstream)."""
+    record_request(
+        outcome=SHED_OUTCOME,
+        upstream="",
+        added_latency_ms=(time.perf_counter() - started) * 1000,
+        message="request shed",
+        context={
+            "request_id": rid,
+            "path": request.url.path,
+            "status": 503,
+            "tenant": principal.tenant_id if principal else None,
+            "key_id": principal.key_id if principal else None,
+            "outcome": SHED_OUTCOME,
         },
     )
 

@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -35,6 +35,7 @@ from hardcap_core.errors import (
 )
 from hardcap_core.gateway.answers import output_room, refusal, upstream_states, usage_row
 from hardcap_core.gateway.failover import Targets
+from hardcap_core.gateway.loop_lag import LoopLag
 from hardcap_core.gateway.meter import Meter, MeterSettings, SettleFallback
 from hardcap_core.gateway.metrics import record_request
 from hardcap_core.gateway.queue import Wakeups, admit_in_turn
@@ -83,11 +84,15 @@ class Gateway:
         ledger: Ledger,
         providers: Mapping[str, Provider],
         fallback: SettleFallback | None = None,
-        loop_lag: Callable[[], float] | None = None,
+        *,
+        loop_lag: LoopLag | None = None,
     ) -> None:
         self.config = config
         self.wakeups = Wakeups()  # settles here wake this process's queued requests
-        self.loop_lag = loop_lag  # the event loop's recent stall, for the meter's margin
+        # This process's event-loop lag monitor (the app starts it; readings are 0 when it
+        # does not run): recent_max_s is how long the gateway may stall again, a margin the
+        # meter adds to a stream's tokens in flight.
+        self.loop_lag = loop_lag or LoopLag()
         self.ledger = ledger
         self.providers = providers  # by upstream kind: openai, anthropic, bedrock
         self.breakers = Breakers(ledger.client, ledger.scripts, ledger.keys)
@@ -333,7 +338,7 @@ class Gateway:
             upstream=route.upstream.name,
             admitted_in_s=time.perf_counter() - arrived,
             queue_wait_s=waited.seconds,
-            loop_lag=self.loop_lag,
+            loop_lag=self.loop_lag.recent_max_s,
             on_settled=lambda: self.wakeups.freed(principal.scope),
         )
         return Admission(meter, headers, room)

@@ -62,6 +62,7 @@ SET_BY_LAMBDA = {
     "AWS_SECRET_ACCESS_KEY",
     "AWS_SESSION_TOKEN",
     "AWS_REGION",
+    "AWS_LAMBDA_FUNCTION_NAME",  # gateway/loop_lag.py: no loop-lag monitor on Lambda
 }
 
 # Variables shared code reads whose absence is a setting: unset, the feature is off. The
