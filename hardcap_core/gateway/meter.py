@@ -213,6 +213,7 @@ class Meter:
         """
         if self.cap is not None and self.floor + at_least > self.cap:
             self.cut = True
+            await self._cover_in_flight()
             return False
         self.floor += at_least
         if self.reservation is None:
@@ -247,6 +248,23 @@ class Meter:
             return True
         self.cut = True
         return False
+
+    async def _cover_in_flight(self) -> None:
+        """A provider that ignores max_tokens is cut at the request's cap, with budget to
+        spare: grow the hold over what it generates before it notices the close, so the cut
+        charge (which charges the in-flight guess only up to the hold) counts it too."""
+        if self.reservation is None or not self.settings.extend or self.exhausted:
+            return
+        want = self.generated() - self.reserved
+        if want <= 0:
+            return
+        try:
+            result = await self.ledger.extend(self.reservation, want, least=1)
+        except LedgerUnavailable:
+            return  # the cut charge then counts what the hold covers
+        self._refreshed = self._clock()
+        if isinstance(result, Extended):
+            self.reserved = result.output_reserved
 
     def received_whole(self, tokens: int) -> None:
         """A whole (non-streamed) reply of ``tokens`` output tokens arrived and goes out."""

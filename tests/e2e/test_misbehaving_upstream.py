@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,7 +34,7 @@ from hardcap_core.local.mock_plan import (
     per_piece,
 )
 from hardcap_core.local.valkey import LocalValkey
-from tests.stack import KEYS, Mock, config_data, gateway_thread
+from tests.stack import KEYS, Mock, config_data, gateway_processes, gateway_thread
 
 AUTH = {"authorization": f"Bearer {KEYS['beta']}"}
 GUARD = 4  # gateway.truncate_guard_tokens (the default): tokens a provider may add after a cut
@@ -41,6 +42,8 @@ GUARD = 4  # gateway.truncate_guard_tokens (the default): tokens a provider may 
 # counted by their length, and the reply goes on).
 FATAL = frozenset({ERROR_OBJECT, NOT_JSON})
 SMALL = 300  # output tokens in the small budget
+PACE_MS = 5  # the mock's pace in the tests that bound what it generates past a cut
+NOTICE_MS = 50  # gateway.truncate_guard_ms (the default): how long a provider takes to notice
 
 
 def output_budget(limit: int) -> dict[str, Any]:
@@ -57,6 +60,26 @@ def gateway(valkey: LocalValkey, mock: Mock) -> Callable[..., Any]:
             r.flushall()
         mock.reset()
         with gateway_thread(config_data(mock.url, valkey.url, **overrides)) as url:
+            yield url
+
+    return start
+
+
+@pytest.fixture
+def gateway_process(valkey: LocalValkey, mock: Mock, tmp_path: Path) -> Callable[..., Any]:
+    """Like ``gateway``, but a `hardcap serve` process of its own, as deployed: the tests that
+    bound what a provider generates past a cut run it so, since a gateway thread shares this
+    process's interpreter lock with the SDK parsing every chunk and the mock writing them,
+    which starves it in a way no deployment is (the meter's margins cover a loop that lags,
+    not one frozen behind another thread for most of a stream)."""
+
+    @contextmanager
+    def start(**overrides: Any) -> Iterator[str]:
+        with redis.Redis.from_url(valkey.url) as r:
+            r.flushall()
+        mock.reset()
+        data = config_data(mock.url, valkey.url, **overrides)
+        with gateway_processes(data, 1, tmp_path) as (url,):
             yield url
 
     return start
@@ -261,13 +284,16 @@ SHAPES = {
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_output_a_provider_bills_is_cut_at_a_small_budget(
-    gateway: Callable[..., Any], sdk: Callable[[str], openai.OpenAI], mock: Mock, shape: str
+    gateway_process: Callable[..., Any],
+    sdk: Callable[[str], openai.OpenAI],
+    mock: Mock,
+    shape: str,
 ) -> None:
     """The provider ignores max_tokens, so only the gateway's count stops it. Bound: the
     budget, plus the truncation guard, plus one step of the mock (a spoken word bills its
     transcript and 8 audio tokens at once: the gateway cannot cut inside it)."""
     text = f"hi {SHAPES[shape]} [mock:ignore_cap=1] [mock:tokens=815] [mock:pace_ms=5]"
-    with gateway(**output_budget(SMALL)) as base:
+    with gateway_process(**output_budget(SMALL)) as base:
         chunks = list(
             sdk(base).chat.completions.create(
                 model="small",
@@ -307,11 +333,18 @@ def test_a_whole_reply_that_ignores_max_tokens_is_charged_in_full_and_stops_the_
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_a_provider_that_ignores_max_tokens_is_cut_at_it(
-    gateway: Callable[..., Any], sdk: Callable[[str], openai.OpenAI], mock: Mock, shape: str
+    gateway_process: Callable[..., Any],
+    sdk: Callable[[str], openai.OpenAI],
+    mock: Mock,
+    shape: str,
 ) -> None:
-    """A budget with room to spare: only the request's max_tokens stands in the way."""
-    text = f"hi {SHAPES[shape]} [mock:ignore_cap=1] [mock:tokens=300] [mock:pace_ms=5]"
-    with gateway(**output_budget(1_000_000)) as base:
+    """A budget with room to spare: only the request's max_tokens stands in the way. The
+    gateway forwards up to the cap (a provider that obeys it must not lose its last tokens to
+    a guess), so the bound is the cap, the guard, and what the provider generates in the time
+    it takes to notice the close (gateway.truncate_guard_ms at its speed); the gateway grows
+    the hold over that, so it is charged."""
+    text = f"hi {SHAPES[shape]} [mock:ignore_cap=1] [mock:tokens=300] [mock:pace_ms={PACE_MS}]"
+    with gateway_process(**output_budget(1_000_000)) as base:
         chunks = list(
             sdk(base).chat.completions.create(
                 model="small",
@@ -323,7 +356,7 @@ def test_a_provider_that_ignores_max_tokens_is_cut_at_it(
         )
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
         truth = generated(mock)
-        assert truth <= 50 + GUARD + per_piece(shape)
+        assert truth <= 50 + GUARD + per_piece(shape) * (1 + NOTICE_MS // PACE_MS)
         assert charged_output(base) >= truth
 
 

@@ -176,3 +176,45 @@ async def test_a_cut_after_a_hung_ledger_call_charges_what_the_provider_made_mea
             assert meter.charged_output >= charge
         finally:
             await client.aclose()
+
+
+async def test_a_stall_of_the_event_loop_makes_a_stream_stop_earlier(
+    standalone_client: Any,
+) -> None:
+    """The process stalled 300 ms lately (gateway/loop_lag.py): it may stall as long again
+    before a close goes out, so at 100 tokens/s it stops about 30 tokens earlier than a
+    gateway in step (90-91 tokens: the first test)."""
+    clock = Clock()
+    meter = await hold(standalone_client, budget=100, reserve=100, clock=clock)
+    meter._loop_lag = lambda: 0.3
+    meter.note_read(0)
+    sent = await stream_in_step(meter, clock, 200)
+    assert meter.cut and 90 - 31 <= sent <= 91 - 29
+    assert meter.cut_charge() <= 100
+
+
+async def test_a_provider_cut_at_the_cap_has_its_tokens_in_flight_held_and_charged(
+    standalone_client: Any,
+) -> None:
+    """Cut by the request's max_tokens with budget to spare, the hold grows over what the
+    provider makes before it notices, so the charge counts it (not just the cap)."""
+    clock = Clock()
+    meter = await hold(standalone_client, budget=10_000, reserve=50, clock=clock)
+    # Extends only once the hold is passed: it stays at the cap until the cut.
+    meter.settings = MeterSettings(within=0, step=1)
+    meter.cap = 50
+    meter.note_read(0)
+    # A fast provider: 10 tokens per 10 ms read, 1,000 tokens/s.
+    sent = 0
+    for _ in range(20):
+        clock.now += PACE_S
+        meter.note_read(10)
+        if not await meter.make_room(10, at_least=10):
+            break
+        sent += 10
+    assert meter.cut and sent == 50
+    # Past the cap: the refused read, and the guess of what is in flight (the guard, the
+    # batch margin, its speed x 50 ms), all of it within the hold.
+    known = 50 + 10
+    assert meter.in_flight() >= 4 + 9
+    assert meter.cut_charge() == known + meter.in_flight() <= meter.reserved
