@@ -108,11 +108,18 @@ def overshoot_tables(data: dict[str, Any], source: str) -> str:
             failed,
         ),
     ]
+    absent = []
     for title, fmt in sweeps:
+        if all(fmt(c) == "—" for c in cells):
+            name = title.split(" (")[0]
+            absent.append(name[0].lower() + name[1:])  # a column an older run did not have
+            continue
         lines += ["", f"{title}:", "", header, rule]
         for m in modes:
             row = [fmt(by[(m, n)]) if (m, n) in by else "—" for n in levels]
             lines.append(f"| {labels[m]} | " + " | ".join(row) + " |")
+    if absent:
+        lines += ["", f"Not measured in this result file: {'; '.join(absent)}."]
     runs = sorted({(c["concurrency"], c["runs"], c["tenants"]) for c in cells})
     lines += [
         "",

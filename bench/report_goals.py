@@ -84,7 +84,8 @@ def _ledger_goal(cells: list[dict[str, Any]]) -> Goal:
     cut = [c for c in cells if _truncates(c)]
     t = max(cut, key=lambda c: c["summary"]["worst_overshoot_ledger"])
     w = t["summary"]["worst_overshoot_ledger"]
-    return ("Ledger overshoot, every truncating cell", "0", f"{pct(w, 3)} ({_where(t)})", w <= 0)
+    where = f" ({_where(t)})" if w > 0 else " at most, every cell"
+    return ("Ledger overshoot, every truncating cell", "0", f"{pct(w, 3)}{where}", w <= 0)
 
 
 def _usable_goal(mine: list[dict[str, Any]]) -> Goal:

@@ -213,5 +213,8 @@ def test_goals_say_met_or_missed_with_the_worst_cell_measured() -> None:
     assert rows["Cut (truncated) streams per tenant, p95 + truncate, 128 streams"].endswith(
         "| <= 1.5 | 1.2 | met |"
     )
+    assert "Not measured in this result file: budget spent before the first refusal" in (
+        report.overshoot_tables(OVERSHOOT, "`overshoot.json`")
+    )
     old = report.goals_table(OVERSHOOT, None)
     assert "| — (not measured in this run) | — |" in old
