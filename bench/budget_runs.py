@@ -313,6 +313,11 @@ def summarize(
         "truncated_per_tenant": mean([int(g.get("aborted", 0)) for g in gt]),
         "usable_before_refusal_mean": mean(before) if before else None,
         "usable_before_refusal_min": min(before) if before else None,
+        # How late the ground truth was read after the refusal (tokens kept flowing meanwhile).
+        "first_refusal_fetch_s_max": max(
+            (c["first_refusal"].get("fetch_s", 0.0) for c in client if c.get("first_refusal")),
+            default=None,
+        ),
         "queue_wait_p50_ms": percentile(waits, 0.5),
         "queue_wait_p99_ms": percentile(waits, 0.99),
         "queue_wait_max_ms": max(waits, default=None),
