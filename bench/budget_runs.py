@@ -4,7 +4,9 @@ and the per-cell summary. :mod:`bench.overshoot` puts them together.
 A *tenant-run* is one tenant spending a fresh budget with ``concurrency`` streams until the
 gateway answers ``budget_exceeded``. Ground truth is what the mock upstream says it generated
 for that tenant (GET /mock/ground-truth), never the gateway's ledger; the ledger's view is read
-separately from GET /v1/hardcap/usage.
+separately from GET /v1/hardcap/usage. Each tenant-run also records how much of the budget the
+mock had really generated when its clients met their first refusal, and the cell summary pools
+the admission-queue waits of every answer.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import httpx
 import redis
 
 from bench import stack
-from bench.harness import chat_body, drive_tenant, usage_rows
+from bench.harness import chat_body, drive_tenant, percentile, usage_rows
 from bench.http1 import Client
 
 BUDGET = 20_000
@@ -187,6 +189,7 @@ class Batch:
     tenants: list[str]
     seeds: list[int]
     results: list[dict[str, Any]] = field(default_factory=list)
+    queue_waits_ms: list[int] = field(default_factory=list)  # every answer's, pooled
 
 
 def ground_truth(mock_url: str, tenants: list[str], settle_s: float = 30.0) -> dict[str, Any]:
@@ -207,8 +210,11 @@ def run_batch(
     redis_url: str,
     time_limit_s: float,
     busy_pause_s: tuple[float, float] | None = None,
+    retries: str = "sdk",
+    max_retries: int = 2,
 ) -> None:
-    """Fresh state, the batch's tenants spend their budgets at once, then read both sides."""
+    """Fresh state, the batch's tenants spend their budgets at once, then read both sides.
+    ``retries``: the clients' kind (:func:`bench.harness.drive_tenant`)."""
     flush_tenants(redis_url)
     httpx.post(f"{mock_url}/mock/reset", timeout=10).raise_for_status()
 
@@ -225,6 +231,9 @@ def run_batch(
                     time_limit_s=time_limit_s,
                     busy_pause_s=busy_pause_s,
                     seed=seed,
+                    retries=retries,
+                    max_retries=max_retries,
+                    truth_url=mock_url,
                 )
                 for t, seed in zip(batch.tenants, batch.seeds, strict=True)
             )
@@ -239,6 +248,7 @@ def run_batch(
         ledger = rows[0]
         gt = truth[run.tenant]
         total = int(gt.get("total_tokens", 0))
+        batch.queue_waits_ms += run.queue_waits_ms
         batch.results.append(
             {
                 "run": run_index,
@@ -250,13 +260,26 @@ def run_batch(
                 "overshoot_ground_truth": round(total / BUDGET - 1, 6),
                 "overshoot_ledger": round(ledger["used"] / BUDGET - 1, 6),
                 "usable": round(total / BUDGET, 6),
+                "usable_before_first_refusal": before_first_refusal(run.first_refusal, total),
                 "ledger_minus_truth": ledger["used"] - total,
             }
         )
 
 
-def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-cell aggregates over tenant-runs (every number is per tenant-run or per tenant)."""
+def before_first_refusal(first: dict[str, Any] | None, total: int) -> float | None:
+    """Share of the budget the mock had generated when the tenant's first refusal came; the
+    whole run's when none came; None when the fetch at that moment failed."""
+    if first is None:
+        return round(total / BUDGET, 6)
+    spent = first.get("ground_truth_tokens")
+    return None if spent is None else round(spent / BUDGET, 6)
+
+
+def summarize(
+    results: list[dict[str, Any]], queue_waits_ms: list[int] | None = None
+) -> dict[str, Any]:
+    """Per-cell aggregates over tenant-runs (every number is per tenant-run or per tenant);
+    queue-wait percentiles over ``queue_waits_ms``, every answer of the cell (None: none)."""
     over = [r["overshoot_ground_truth"] for r in results]
     ledger = [r["overshoot_ledger"] for r in results]
     usable = [r["usable"] for r in results]
@@ -267,6 +290,13 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 
     def mean(xs: list[float]) -> float:
         return round(statistics.fmean(xs), 6) if xs else 0.0
+
+    before = [
+        r["usable_before_first_refusal"]
+        for r in results
+        if r.get("usable_before_first_refusal") is not None
+    ]
+    waits = queue_waits_ms or []
 
     return {
         "tenant_runs": len(results),
@@ -281,6 +311,21 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         "usable_min": min(usable, default=0.0),
         "busy_per_tenant": mean([c["busy"] for c in client]),
         "truncated_per_tenant": mean([int(g.get("aborted", 0)) for g in gt]),
+        "usable_before_refusal_mean": mean(before) if before else None,
+        "usable_before_refusal_min": min(before) if before else None,
+        # How late the ground truth was read after the refusal (tokens kept flowing meanwhile).
+        "first_refusal_fetch_s_max": max(
+            (c["first_refusal"].get("fetch_s", 0.0) for c in client if c.get("first_refusal")),
+            default=None,
+        ),
+        "queue_wait_p50_ms": percentile(waits, 0.5),
+        "queue_wait_p99_ms": percentile(waits, 0.99),
+        "queue_wait_max_ms": max(waits, default=None),
+        "queue_waited_share": round(sum(w > 0 for w in waits) / len(waits), 6) if waits else None,
+        "failed_per_tenant": mean([c.get("failed", 0) for c in client]),
+        "retries_per_tenant": mean([c.get("retries", 0) for c in client]),
+        "rate_limited_per_tenant": mean([c.get("rate_limited", 0) for c in client]),
+        "overloaded_per_tenant": mean([c.get("overloaded", 0) for c in client]),
         "truncated_client_per_tenant": mean([c["truncated"] for c in client]),
         "capped_per_tenant": mean([c["capped"] for c in client]),
         "requests_per_tenant": mean([int(g.get("requests", 0)) for g in gt]),

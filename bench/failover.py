@@ -42,7 +42,7 @@ from bench import stack
 from bench.failover_report import check, phase_a_report, phase_b_report, plot, print_summary
 from bench.http1 import Client
 from bench.machine import CpuWatch, machine_info, pids_of, write_json
-from bench.overshoot import LogWatch
+from bench.stack import LogWatch
 from hardcap_core.local.valkey import LocalValkey
 
 RESULTS = Path(__file__).resolve().parent / "results"

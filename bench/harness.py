@@ -2,8 +2,18 @@
 
 A tenant's clients run ``concurrency`` streams at once, round-robin over the gateway URLs, each
 starting a new request as soon as the last ends, until the budget answers ``budget_exceeded``.
-``budget_busy`` and ``rate_limited`` are retried after the gateway's ``retry-after-ms`` (or
-``retry-after``) with 0-20 % jitter, as the official SDKs do, unless a fixed pause is given.
+Two kinds of client (``retries``):
+
+* ``"patient"`` (the default): ``budget_busy``, ``rate_limited`` and ``overloaded`` are tried
+  again after the gateway's ``retry-after-ms`` (or ``retry-after``) with 0-20 % jitter, or a
+  fixed pause if given, for as long as it takes;
+* ``"sdk"``: each logical request is retried as the official openai SDK does
+  (:mod:`bench.sdk_retry`, ``max_retries`` 2 by default); a request whose attempts were all
+  refused is *failed* (counted) and the client goes on with a new one.
+
+Either way each run records when its first refusal of any kind came and, given the mock's URL,
+how many tokens the mock had really generated for the tenant at that moment (one fetch,
+in the background), and the ``x-hardcap-queue-wait-ms`` of every answer (absent: 0).
 :func:`drive_tenant` speaks raw SSE over :mod:`bench.http1` (a lean keep-alive client: the
 load generator must not be the bottleneck on a 2-core machine) and parses only the last few
 events of each stream (the finish chunk, the usage chunk, or an error event).
@@ -14,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import time
 from collections import deque
@@ -22,9 +33,16 @@ from typing import Any
 
 import httpx
 
+from bench import sdk_retry
 from bench.http1 import Client, ProtocolError
 
 REQUEST_TIMEOUT_S = 300.0  # one stream, start to end: a hung request is an error, not a stall
+QUEUE_WAIT_HEADER = "x-hardcap-queue-wait-ms"
+# Answers that refuse the request (429 budget_busy / rate_limited / budget_exceeded, 503
+# overloaded): the first one a tenant's clients see is when its budget stopped being usable
+# without friction.
+REFUSALS = frozenset({"budget_busy", "rate_limited", "budget_exceeded", "overloaded"})
+SERVED = frozenset({"completed", "truncated", "capped"})
 
 
 @dataclass
@@ -37,13 +55,52 @@ class TenantRun:
     busy: int = 0
     exceeded: int = 0
     rate_limited: int = 0
+    overloaded: int = 0  # 503 overloaded: the gateway shed the request before admission
     errors: int = 0
     output_tokens_seen: int = 0  # completion tokens the clients' usage chunks reported
     seconds: float = 0.0
+    client: str = "patient"
+    retries: int = 0  # attempts an SDK-like client made again after a refusal or error
+    failed: int = 0  # logical requests an SDK-like client gave up on (every attempt refused)
+    failed_outcomes: dict[str, int] = field(default_factory=dict)  # each one's last answer
+    # The first refusal of any kind: outcome, seconds into the run, and the mock's count of
+    # the tenant's prompt + completion tokens fetched right then (ground_truth_tokens).
+    first_refusal: dict[str, Any] | None = None
+    queue_waits_ms: list[int] = field(default_factory=list)  # per answer; summarized in JSON
     error_samples: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["queue_wait_ms"] = wait_summary(out.pop("queue_waits_ms"))
+        return out
+
+
+def percentile(values: list[int] | list[float], q: float) -> float | None:
+    """The nearest-rank ``q`` quantile (0 < q <= 1) of ``values``; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return float(ordered[rank - 1])
+
+
+def wait_summary(waits: list[int]) -> dict[str, Any]:
+    """How long answers waited in the admission queue: count, how many waited, p50/p99/max."""
+    return {
+        "answers": len(waits),
+        "waited": sum(w > 0 for w in waits),
+        "p50": percentile(waits, 0.5),
+        "p99": percentile(waits, 0.99),
+        "max": max(waits, default=None),
+    }
+
+
+def queue_wait_ms(headers: dict[str, str]) -> int:
+    """The gateway's ``x-hardcap-queue-wait-ms`` (absent or unreadable: 0)."""
+    try:
+        return max(0, int(float(headers.get(QUEUE_WAIT_HEADER, "0"))))
+    except ValueError:
+        return 0
 
 
 async def stream_once(
@@ -73,19 +130,23 @@ async def stream_once(
 
 async def stream_raw(
     client: Client, key: str, body: bytes, max_tokens: int
-) -> tuple[str, int, dict[str, str]]:
+) -> tuple[str, int, dict[str, str], int]:
     """:func:`stream_once` over :class:`bench.http1.Client`; ``body`` is the JSON request.
+    Returns (outcome, completion tokens reported, response headers, HTTP status).
 
     Outcomes: completed, truncated (cut by the gateway), capped (the reply reached
-    max_tokens), a 429 error code, http_<status>, stream_error.
+    max_tokens), a 429 error code, ``overloaded`` (a 503 saying so), http_<status>,
+    stream_error.
     """
     headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
     async with client.stream("POST", "/chat/completions", body, headers) as r:
         if r.status != 200:
             raw = await r.read()
             if r.status == 429:
-                return str(json.loads(raw)["error"]["code"]), 0, r.headers
-            return f"http_{r.status}", 0, r.headers
+                return str(json.loads(raw)["error"]["code"]), 0, r.headers, r.status
+            if r.status == 503 and _error_code(raw) == "overloaded":
+                return "overloaded", 0, r.headers, r.status
+            return f"http_{r.status}", 0, r.headers, r.status
         tail: deque[bytes] = deque(maxlen=4)
         buffer = b""
         async for piece in r.chunks():
@@ -98,14 +159,23 @@ async def stream_raw(
             continue
         chunk = json.loads(event[6:])
         if "error" in chunk:
-            return "stream_error", tokens, r.headers
+            return "stream_error", tokens, r.headers, 200
         for choice in chunk.get("choices") or ():
             finish = choice.get("finish_reason") or finish
         if chunk.get("usage"):
             tokens = chunk["usage"].get("completion_tokens", 0)
     if finish == "length":
-        return ("capped" if tokens >= max_tokens else "truncated"), tokens, r.headers
-    return "completed", tokens, r.headers
+        return ("capped" if tokens >= max_tokens else "truncated"), tokens, r.headers, 200
+    return "completed", tokens, r.headers, 200
+
+
+def _error_code(raw: bytes) -> str | None:
+    """``error.code`` of an OpenAI-shaped error body, if it is one."""
+    try:
+        error = json.loads(raw).get("error")
+    except (ValueError, AttributeError):
+        return None
+    return str(error.get("code")) if isinstance(error, dict) else None
 
 
 def chat_body(
@@ -135,64 +205,123 @@ async def drive_tenant(
     time_limit_s: float = 120.0,
     busy_pause_s: tuple[float, float] | None = None,
     seed: int = 0,
+    retries: str = "patient",
+    max_retries: int = sdk_retry.DEFAULT_MAX_RETRIES,
+    truth_url: str | None = None,
 ) -> TenantRun:
     """Spend ``tenant``'s budget with ``concurrency`` streams until it is exceeded.
 
     Stops starting requests at the first ``budget_exceeded`` or after ``time_limit_s``;
-    streams already running finish. After a 429 a client waits ``busy_pause_s`` (uniform in
-    LOW, HIGH) if given, else what the response's Retry-After headers say.
+    streams already running finish. ``retries="patient"``: after a 429 or 503 overloaded a
+    client waits ``busy_pause_s`` (uniform in LOW, HIGH) if given, else what the response's
+    Retry-After headers say, and tries again. ``retries="sdk"``: the official SDK's rules with
+    ``max_retries``. ``truth_url``: the mock, asked for the tenant's ground truth at the first
+    refusal.
     """
-    run = TenantRun(tenant)
+    if retries not in ("patient", "sdk"):
+        raise ValueError(f"retries: 'patient' or 'sdk', not {retries!r}")
+    if retries == "sdk" and busy_pause_s is not None:
+        raise ValueError("busy_pause_s is for the patient client; the SDK's own delays apply")
+    run = TenantRun(tenant, client=retries if retries == "patient" else f"sdk:{max_retries}")
     rng = random.Random(seed)
     started = time.monotonic()
     done = asyncio.Event()
     body = json.dumps(chat_body(tenant, model, max_tokens)).encode()
     clients = [Client(url, max_connections=concurrency) for url in urls]
+    truth = Client(truth_url, max_connections=1) if truth_url else None
+    fetches: list[asyncio.Task[None]] = []
+
+    def going() -> bool:
+        return not done.is_set() and time.monotonic() - started < time_limit_s
 
     def pause(headers: dict[str, str]) -> float:
         if busy_pause_s is not None:
             return rng.uniform(*busy_pause_s)
         return retry_after_s(headers) * rng.uniform(1.0, 1.2)
 
-    async def worker(i: int) -> None:
+    async def fetch_truth(record: dict[str, Any]) -> None:
+        assert truth is not None
+        t0 = time.monotonic()
+        try:
+            _, _, raw = await truth.request("GET", "/mock/ground-truth")
+            row = json.loads(raw)["tenants"].get(tenant, {})
+            spent = int(row.get("prompt_tokens", 0)) + int(row.get("completion_tokens", 0))
+            record["ground_truth_tokens"] = spent
+        except (OSError, ProtocolError, asyncio.IncompleteReadError, ValueError) as e:
+            record["fetch_error"] = repr(e)
+        record["fetch_s"] = round(time.monotonic() - t0, 4)
+
+    def tally(outcome: str, tokens: int, headers: dict[str, str], status: int | None) -> None:
+        run.requests += 1
+        run.output_tokens_seen += tokens
+        if status is not None:
+            run.queue_waits_ms.append(queue_wait_ms(headers))
+        if outcome in REFUSALS and run.first_refusal is None:
+            run.first_refusal = {"outcome": outcome, "at_s": round(time.monotonic() - started, 3)}
+            if truth is not None:
+                fetches.append(asyncio.create_task(fetch_truth(run.first_refusal)))
+        if outcome in ("completed", "truncated", "capped"):
+            setattr(run, outcome, getattr(run, outcome) + 1)
+        elif outcome == "budget_busy":
+            run.busy += 1
+        elif outcome == "budget_exceeded":
+            run.exceeded += 1
+            done.set()
+        elif outcome in ("rate_limited", "overloaded"):
+            setattr(run, outcome, getattr(run, outcome) + 1)
+        else:
+            run.errors += 1
+
+    async def attempt(n: int) -> tuple[str, dict[str, str], int | None]:
+        client = clients[n % len(clients)]
+        try:
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                outcome, tokens, headers, status = await stream_raw(client, key, body, max_tokens)
+            sample = outcome
+        except (OSError, ProtocolError, asyncio.IncompleteReadError, TimeoutError) as e:
+            outcome, tokens, headers, status, sample = "transport_error", 0, {}, None, repr(e)
+        tally(outcome, tokens, headers, status)
+        if outcome not in SERVED and outcome not in REFUSALS and len(run.error_samples) < 5:
+            run.error_samples.append(sample)
+        return outcome, headers, status
+
+    async def patient(i: int) -> None:
         n = i
-        while not done.is_set() and time.monotonic() - started < time_limit_s:
-            client = clients[n % len(clients)]
+        while going():
+            outcome, headers, _ = await attempt(n)
             n += 1
-            try:
-                async with asyncio.timeout(REQUEST_TIMEOUT_S):
-                    outcome, tokens, headers = await stream_raw(client, key, body, max_tokens)
-                sample = outcome
-            except (OSError, ProtocolError, asyncio.IncompleteReadError, TimeoutError) as e:
-                outcome, tokens, sample = "transport_error", 0, repr(e)
-                headers = {}
-            run.requests += 1
-            run.output_tokens_seen += tokens
-            if outcome == "completed":
-                run.completed += 1
-            elif outcome == "truncated":
-                run.truncated += 1
-            elif outcome == "capped":
-                run.capped += 1
-            elif outcome == "budget_busy":
-                run.busy += 1
+            if outcome in ("budget_busy", "rate_limited", "overloaded"):
                 await asyncio.sleep(pause(headers))
-            elif outcome == "budget_exceeded":
-                run.exceeded += 1
-                done.set()
-            elif outcome == "rate_limited":
-                run.rate_limited += 1
-                await asyncio.sleep(pause(headers))
-            else:
-                run.errors += 1
-                if len(run.error_samples) < 5:
-                    run.error_samples.append(sample)
+            elif outcome not in SERVED and outcome != "budget_exceeded":
                 await asyncio.sleep(0.05)
 
+    async def sdk_like(i: int) -> None:
+        n = i
+        while going():
+            taken = 0
+            while True:
+                outcome, headers, status = await attempt(n)
+                n += 1
+                if outcome in SERVED or outcome == "budget_exceeded" or outcome == "stream_error":
+                    break  # served, the run is over, or an error the SDK raises mid-stream
+                if taken >= max_retries or not sdk_retry.should_retry(status, headers):
+                    if outcome in REFUSALS or status is None or status >= 500:
+                        run.failed += 1
+                        run.failed_outcomes[outcome] = run.failed_outcomes.get(outcome, 0) + 1
+                    break
+                await asyncio.sleep(sdk_retry.retry_delay_s(taken, headers, rng))
+                taken += 1
+                run.retries += 1
+                if not going():
+                    break  # the budget ran out meanwhile: the client stops, nothing failed
+
+    worker = patient if retries == "patient" else sdk_like
     try:
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
+        if fetches:
+            await asyncio.gather(*fetches)
     finally:
-        for client in clients:
+        for client in [*clients, *([truth] if truth else [])]:
             await client.aclose()
     run.seconds = round(time.monotonic() - started, 3)
     return run

@@ -18,6 +18,16 @@ streams, as it would in production (the JSON records the p95 before and after ea
 Cells run in descending concurrency (the 128-stream headline first) and the JSON is
 rewritten after every cell.
 
+The clients retry as the official openai SDK does (``--client sdk``, ``--max-retries`` 2):
+a request refused on every attempt is counted as failed and the client goes on with a new one;
+``--client patient`` keeps the earlier clients, which wait what Retry-After says and try again
+for as long as it takes. Per cell, besides overshoot and usable budget: the share of the
+budget spent when a tenant's clients met their first refusal of any kind, the admission queue's
+wait (``x-hardcap-queue-wait-ms``) p50 / p99 over every answer, and failed requests per tenant.
+``--starve N`` runs N busy processes beside each cell, ``--gateway-cpu F`` puts the gateways
+in a cgroup limited to F cores (bench/starve.py, which says how the earlier starved results
+were made).
+
     PYTHONPATH=. /tmp/venv/bin/python bench/overshoot.py --quick --check   # < 3 min, CI
     nohup env PYTHONPATH=. /tmp/venv/bin/python bench/overshoot.py > /tmp/overshoot.log 2>&1 &
 """
@@ -26,7 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
+import contextlib
 import json
 import shutil
 import signal
@@ -38,7 +48,7 @@ from typing import Any
 
 from tqdm import tqdm  # type: ignore[import-untyped]
 
-from bench import stack
+from bench import stack, starve
 from bench.budget_runs import (
     BUDGET,
     DEFAULT_MODES,
@@ -56,6 +66,7 @@ from bench.budget_runs import (
     warm_up,
 )
 from bench.machine import CpuWatch, machine_info, pids_of, write_json
+from bench.stack import LogWatch
 from hardcap_core.local.valkey import LocalValkey
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -98,6 +109,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(default: what Retry-After says, plus 0-20%% jitter, as the SDKs do)",
     )
     p.add_argument(
+        "--client",
+        choices=("sdk", "patient"),
+        default=None,
+        help="sdk: retry as the official openai SDK (default); patient: wait Retry-After "
+        "and try again until served (the default with --busy-pause)",
+    )
+    p.add_argument("--max-retries", type=int, default=2, help="the SDK-like client's max_retries")
+    p.add_argument(
+        "--starve", type=int, default=0, help="busy-loop processes (nice 0) beside every cell"
+    )
+    p.add_argument(
+        "--gateway-cpu",
+        type=float,
+        default=None,
+        help="cores the gateways get between them (a cgroup CPU quota; needs root)",
+    )
+    p.add_argument(
         "--contended-retries",
         type=int,
         default=2,
@@ -105,6 +133,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "while other processes took more than a quarter of the machine meanwhile",
     )
     ns = p.parse_args(argv)
+    if ns.client is None:
+        ns.client = "patient" if ns.busy_pause else "sdk"
+    if ns.client == "sdk" and ns.busy_pause:
+        p.error("--busy-pause applies to --client patient (the SDK waits what it waits)")
     if ns.quick:
         ns.tenants, ns.runs, ns.warmup = 2, 1, 500
     return ns
@@ -218,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
             "p95_warmup_replies": ns.warmup,
             "time_limit_s_per_tenant_run": ns.time_limit,
             "client_busy_pause_s": list(ns.busy_pause) if ns.busy_pause else "retry-after",
+            "client": ns.client,
+            "client_max_retries": ns.max_retries if ns.client == "sdk" else None,
+            "starve_processes": ns.starve,
+            "gateway_cpu_cores": ns.gateway_cpu,
             "routes": {m.name: {"label": m.label, **m.route} for m in modes},
         },
         "notes": [
@@ -238,6 +274,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{ns.max_streams} (each run has its own tenants); otherwise one at a time. Clients "
             "that honour Retry-After keep far fewer streams flowing than they hold open: a "
             "tenant's budget fits about 30 p95 reservations at once.",
+            "Clients (client): 'sdk' retries each request as the official openai SDK does "
+            "(Retry-After / retry-after-ms when in (0, 120 s], else 0.5 s x 2^n capped at 8 s "
+            "less 0-25%; 408/409/429/5xx and connection errors; x-should-retry obeyed) at most "
+            "client_max_retries times, then counts it failed and sends a new one; 'patient' "
+            "waits Retry-After (+0-20%) after every refusal and tries again. budget_exceeded "
+            "ends a tenant-run either way.",
+            "usable_before_first_refusal: the mock's prompt + completion tokens for the tenant, "
+            "fetched (in the background) when any of its clients first got budget_busy, "
+            "rate_limited, budget_exceeded or overloaded, over the budget. Queue wait: the "
+            "x-hardcap-queue-wait-ms header of every answer (absent: 0), pooled per cell.",
         ],
         "cells": [],
     }
@@ -255,8 +301,13 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 tenants = ns.tenants * max((runs for _, _, runs in cells_plan), default=1)
                 data = build_config(mock.url, valkey.url, modes, tenants, window, gateway_cfg)
-                with stack.gateways(data, ns.gateways, tmp) as gws:
+                with stack.gateways(data, ns.gateways, tmp) as gws, contextlib.ExitStack() as cx:
                     urls = [f"{g.url}/v1" for g in gws]
+                    quota = None
+                    if ns.gateway_cpu:
+                        gw_pids = [g.proc.pid for g in gws]
+                        quota = cx.enter_context(starve.gateway_quota(gw_pids, ns.gateway_cpu))
+                        result["parameters"]["gateway_cgroup"] = quota.settings()
                     pids = {
                         **pids_of([mock, *gws]),
                         "valkey": valkey.proc.pid if valkey.proc else 0,
@@ -266,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
                     for mode, conc, runs in cells_plan:
                         cell = run_cell(ns, mode, conc, runs, urls, mock.url, valkey.url, pids, bar)
                         cell["gateway_log"] = logs.new_entries()
+                        if quota is not None:
+                            cell["gateway_cgroup_throttling"] = quota.mark()
                         result["cells"].append(cell)
                         write_json(out, result)
                     bar.close()
@@ -286,32 +339,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-class LogWatch:
-    """Counts the gateways' warning and error log lines written since the last look."""
-
-    def __init__(self, paths: list[Path]) -> None:
-        self.paths = paths
-        self.offsets = {p: p.stat().st_size if p.exists() else 0 for p in paths}
-
-    def new_entries(self) -> dict[str, int]:
-        """``{"<level>: <message> (<error>)": count}`` over every gateway."""
-        counts: collections.Counter[str] = collections.Counter()
-        for path in self.paths:
-            with path.open("rb") as f:
-                f.seek(self.offsets[path])
-                data = f.read()
-                self.offsets[path] = f.tell()
-            for line in data.decode(errors="replace").splitlines():
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(entry, dict) and entry.get("level") in ("WARNING", "ERROR"):
-                    error = f" ({entry['error']})" if entry.get("error") else ""
-                    counts[f"{entry['level']}: {entry.get('message')}{error}"] += 1
-        return dict(counts.most_common())
-
-
 def run_cell(
     ns: argparse.Namespace,
     mode: Mode,
@@ -329,14 +356,42 @@ def run_cell(
         reset_estimator(redis_url, mode.name)
         asyncio.run(warm_up(urls, mode, ns.warmup))
     before = p95_state(redis_url, mode.name) if mode.learns_p95 else None
+    with starve.Hogs(ns.starve) as hogs:
+        # The busy processes are ours: their CPU is not contention that reruns a batch.
+        ours = {**pids, **hogs.pids()}
+        return _measure_cell(ns, mode, conc, runs, urls, mock_url, redis_url, ours, before, bar)
+
+
+def _measure_cell(
+    ns: argparse.Namespace,
+    mode: Mode,
+    conc: int,
+    runs: int,
+    urls: list[str],
+    mock_url: str,
+    redis_url: str,
+    pids: dict[str, int],
+    before: dict[str, int] | None,
+    bar: Any,
+) -> dict[str, Any]:
+    """The cell's batches (each run again while the machine was contended), summarized."""
     watch = CpuWatch(pids).start()
     batches = batches_of(mode, conc, runs, ns)
     for batch in batches:
         retries = 0
         while True:
-            batch.results = []
+            batch.results, batch.queue_waits_ms = [], []
             batch_watch = CpuWatch(pids).start()
-            run_batch(batch, urls, mock_url, redis_url, ns.time_limit, ns.busy_pause)
+            run_batch(
+                batch,
+                urls,
+                mock_url,
+                redis_url,
+                ns.time_limit,
+                ns.busy_pause,
+                retries=ns.client,
+                max_retries=ns.max_retries,
+            )
             share = batch_watch.stop()["other_share"]
             # Other work that takes a real share of the CPU makes the gateways lag behind the
             # upstream, which is what puts tokens in flight past a budget: run it again.
@@ -359,7 +414,9 @@ def run_cell(
         "p95_before": before,
         "p95_after": p95_state(redis_url, mode.name) if mode.learns_p95 else None,
         "cpu": watch.stop(),
-        "summary": summarize(results),
+        "client": ns.client,
+        "starve_processes": ns.starve,
+        "summary": summarize(results, [w for b in batches for w in b.queue_waits_ms]),
         "tenant_runs": results,
     }
 
@@ -376,8 +433,16 @@ def print_summary(result: dict[str, Any], out: Path) -> None:
             f" usable {s['usable_mean']:.2%} busy {s['busy_per_tenant']:.0f}"
             f" truncated {s['truncated_per_tenant']:.1f} left {s['reserved_left_max']}"
             f" errors {s['errors']}"
+            f" before-refusal {_share(s.get('usable_before_refusal_mean'))}"
+            f" (min {_share(s.get('usable_before_refusal_min'))})"
+            f" failed {s.get('failed_per_tenant', 0):.1f}"
+            f" queue p50/p99 {s.get('queue_wait_p50_ms')}/{s.get('queue_wait_p99_ms')} ms"
         )
     print("check:", result["check"])
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2%}"
 
 
 if __name__ == "__main__":

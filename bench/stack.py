@@ -10,6 +10,8 @@ parser it measured (:func:`parser_in_use`).
 
 from __future__ import annotations
 
+import collections
+import json
 import os
 import sys
 import time
@@ -212,3 +214,29 @@ def base_config(mock_url: str, redis_url: str, **gateway: Any) -> dict[str, Any]
         "routes": [],
         "tenants": [],
     }
+
+
+class LogWatch:
+    """Counts the gateways' warning and error log lines written since the last look."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+        self.offsets = {p: p.stat().st_size if p.exists() else 0 for p in paths}
+
+    def new_entries(self) -> dict[str, int]:
+        """``{"<level>: <message> (<error>)": count}`` over every gateway."""
+        counts: collections.Counter[str] = collections.Counter()
+        for path in self.paths:
+            with path.open("rb") as f:
+                f.seek(self.offsets[path])
+                data = f.read()
+                self.offsets[path] = f.tell()
+            for line in data.decode(errors="replace").splitlines():
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(entry, dict) and entry.get("level") in ("WARNING", "ERROR"):
+                    error = f" ({entry['error']})" if entry.get("error") else ""
+                    counts[f"{entry['level']}: {entry.get('message')}{error}"] += 1
+        return dict(counts.most_common())

@@ -162,3 +162,59 @@ def test_regenerating_is_deterministic_and_updates_readme_blocks(tmp_path: Path)
         readme.read_text()
         == f"top\n<!-- bench:overshoot -->\n{block}\n<!-- /bench:overshoot -->\nbottom\n"
     )
+
+
+def _issue_14_cells() -> list[dict[str, Any]]:
+    """A p95 + truncate / max_tokens sweep whose p95 cells carry the new columns."""
+    new = {
+        "usable_before_refusal_mean": 0.962,
+        "usable_before_refusal_min": 0.9,
+        "queue_wait_p50_ms": 12.0,
+        "queue_wait_p99_ms": 1840.0,
+        "failed_per_tenant": 0.5,
+    }
+    cells = []
+    for conc, busy, ref in ((128, 30, 4000), (8, 20, 100)):
+        p95 = _cell(
+            "p95_truncate",
+            "Reserve p95, truncate",
+            conc,
+            _summary(-0.001, -0.002, 0.995, busy, 1.2),
+        )
+        p95["summary"].update(new)
+        p95["client"] = "sdk"
+        cells.append(p95)
+        cells.append(
+            _cell(
+                "max_tokens", "Reserve max_tokens", conc, _summary(-0.0004, -0.001, 0.999, ref, 1)
+            )
+        )
+    return cells
+
+
+def test_new_columns_show_their_values_and_a_dash_where_an_older_file_lacks_them() -> None:
+    data = {**OVERSHOOT, "cells": [*OVERSHOOT["cells"][1:2], *_issue_14_cells()]}
+    text = report.overshoot_tables(data, "`overshoot.json`")
+    p95 = next(line for line in text.splitlines() if line.startswith("| Reserve p95, truncate |"))
+    assert p95.endswith("| 96.2% / 90.0% | 12 / 1,840 ms | 0.5 |")
+    old = next(line for line in text.splitlines() if line.startswith("| Count after the fact |"))
+    assert old.endswith("| — | — | — |")
+    assert "Budget spent before the first refusal of any kind" in text
+
+
+def test_goals_say_met_or_missed_with_the_worst_cell_measured() -> None:
+    table = report.goals_table({"cells": _issue_14_cells()}, None)
+    rows = {line.split(" | ")[0][2:]: line for line in table.splitlines()[2:]}
+    assert rows["Worst ground-truth overshoot, every truncating cell"].endswith("| met |")
+    busy = rows["budget_busy per tenant, p95 + truncate vs max_tokens mode, same concurrency"]
+    assert "0.20x worst (20 vs 100, 8 streams)" in busy and busy.endswith("| **missed** |")
+    before = rows["Budget spent before the first refusal, p95 + truncate, every concurrency (mean)"]
+    assert "96.2% lowest mean" in before and before.endswith("| met |")
+    assert rows["Cut (truncated) streams per tenant, p95 + truncate, 128 streams"].endswith(
+        "| <= 1.5 | 1.2 | met |"
+    )
+    assert "Not measured in this result file: budget spent before the first refusal" in (
+        report.overshoot_tables(OVERSHOOT, "`overshoot.json`")
+    )
+    old = report.goals_table(OVERSHOOT, None)
+    assert "| — (not measured in this run) | — |" in old
