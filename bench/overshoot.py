@@ -97,6 +97,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--warmup", type=int, default=1000, help="replies that warm each p95 route")
     p.add_argument("--guard", type=int, help="gateway.truncate_guard_tokens (default: 4)")
+    p.add_argument(
+        "--queue-wait",
+        type=float,
+        default=60.0,
+        help="gateway.queue_wait_seconds: how long a request waits for holds in flight "
+        "(the gateway's default is 5 s; at 128 streams a tenant's budget admits about 3 "
+        "requests a second, so the back of the line waits tens of seconds)",
+    )
     p.add_argument("--time-limit", type=float, default=900.0, help="s per tenant-run, at most")
     p.add_argument("--seed", type=int, default=7, help="mock seed and client seeds")
     p.add_argument("--resume", action="store_true", help="keep the cells --out already has")
@@ -217,7 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     cells_plan = plan_cells(ns)
     modes = list({m.name: m for m, _, _ in cells_plan}.values())
     all_batches = [(b, runs) for m, c, runs in cells_plan for b in batches_of(m, c, runs, ns)]
-    gateway_cfg: dict[str, Any] = {"reservation_ttl_seconds": 120}
+    gateway_cfg: dict[str, Any] = {
+        "reservation_ttl_seconds": 120,
+        "queue_wait_seconds": ns.queue_wait,
+    }
     if ns.guard is not None:
         gateway_cfg["truncate_guard_tokens"] = ns.guard
     window = choose_window(ns.time_limit * len(all_batches))
