@@ -130,7 +130,7 @@ class Meter:
         self.admitted_in_s = admitted_in_s  # the gateway's time before the upstream was called
         self.queue_wait_s = queue_wait_s  # of that, the time it waited in the admission queue
         # The longest recent stall of this process's event loop, in seconds (gateway/loop_lag).
-        self._loop_lag = loop_lag
+        self._loop_lag = loop_lag or float  # float() is 0.0: no lag
         self._on_settled = on_settled  # budget was released: wake this process's waiters
         self.outcome: Outcome | None = None
         self.reserved = reservation.output_reserved if reservation else 0
@@ -192,9 +192,7 @@ class Meter:
             return self.settings.guard
         elapsed = max(self._read_at - self._first_read, SPEED_MIN_S)
         speed = self._arrived / elapsed  # tokens per second arriving since the first read
-        behind = self._clock() - self._read_at + self.settings.guard_s
-        if self._loop_lag is not None:
-            behind += self._loop_lag()
+        behind = self._clock() - self._read_at + self.settings.guard_s + self._loop_lag()
         stall = max(max(self._batches, default=1) - 1, 0)
         return self.settings.guard + stall + math.ceil(speed * behind)
 
@@ -371,23 +369,16 @@ class Meter:
         if self._on_settled is not None and self.reservation is not None:
             self._on_settled()
         added_ms = (self.admitted_in_s - self.queue_wait_s + self._clock() - began) * 1000
+        m = self.meta
         record_request(
-            outcome=outcome.value,
-            upstream=self.upstream,
-            added_latency_ms=added_ms,
+            outcome=outcome.value, upstream=self.upstream, added_latency_ms=added_ms,
             queue_wait_ms=self.queue_wait_s * 1000,
-            context={
-                "route": self.route,
-                "request_id": self.meta.request_id,
-                "tenant": self.meta.tenant,
-                "key_id": self.meta.key_id,
-                "outcome": outcome.value,
-                "input_tokens": self.charged_input,
-                "output_tokens": self.charged_output,
-                "expiry_charged": self.expiry_charged,
-                "queue_wait_ms": round(self.queue_wait_s * 1000),
-            },
-        )
+            context={"route": self.route, "request_id": m.request_id, "tenant": m.tenant,
+                     "key_id": m.key_id, "outcome": outcome.value,
+                     "input_tokens": self.charged_input, "output_tokens": self.charged_output,
+                     "expiry_charged": self.expiry_charged,
+                     "queue_wait_ms": round(self.queue_wait_s * 1000)},
+        )  # fmt: skip
 
     async def _settle_reserved(self, note: SettleNote) -> None:
         assert self.reservation is not None
