@@ -97,6 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--warmup", type=int, default=1000, help="replies that warm each p95 route")
     p.add_argument("--guard", type=int, help="gateway.truncate_guard_tokens (default: 4)")
+    p.add_argument("--headroom", type=int, help="gateway.extend_headroom_tokens (default: 48)")
     p.add_argument(
         "--queue-wait",
         type=float,
@@ -231,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if ns.guard is not None:
         gateway_cfg["truncate_guard_tokens"] = ns.guard
+    if ns.headroom is not None:
+        gateway_cfg["extend_headroom_tokens"] = ns.headroom
     window = choose_window(ns.time_limit * len(all_batches))
     result: dict[str, Any] = {
         "benchmark": "overshoot",

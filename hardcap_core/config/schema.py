@@ -78,7 +78,7 @@ class GatewayConfig(_Model):
     chars_per_token: PosFloat = 4.0
     log_prompts: bool = False
     queue_wait_seconds: NonNegFloat = 5.0
-    extend_headroom_tokens: NonNegInt = 16
+    extend_headroom_tokens: NonNegInt = 48
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
 
     @field_validator("redis_url")

@@ -58,7 +58,7 @@ class GatewaySettings:
     # settle before it is refused budget_busy (a route or tenant may say otherwise); 0: never.
     queue_wait_seconds: float = 5.0
     # Output tokens per stream in flight that a budget keeps free for those streams' extends.
-    extend_headroom_tokens: int = 16
+    extend_headroom_tokens: int = 48
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
 
 
