@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -69,6 +70,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ns
 
 
+def _commit(root: Path) -> str:
+    """The commit the gateways run (they may run from another checkout than the bench)."""
+    done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True)
+    return done.stdout.decode().strip()
+
+
 def windows(timeline: dict[str, Any], tpm: int, started_ms: int) -> dict[str, Any]:
     """The worst window (and the first minute's tokens) of the mock's timeline, against tpm."""
     worst = timeline["worst_60s"]
@@ -104,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             "streams": ns.streams,
             "gateway_processes": ns.gateways,
             "gateway_root": str(ns.gateway_root or stack.ROOT),
+            "gateway_commit": _commit(ns.gateway_root or stack.ROOT),
             "seconds": ns.seconds,
             "route": {"name": mode.name, "label": mode.label, **mode.route},
             "max_tokens": MAX_TOKENS,
