@@ -124,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
             "Ground truth: the mock's per-tenant timeline in 100 ms slots (prompt tokens when a "
             "request is received, completion tokens as generated). worst_60s_tokens is the most "
             "in any 600 consecutive slots; worst_60s_upper_bound_tokens the most in 601, which "
-            "bounds a window starting anywhere inside a slot.",
+            "bounds a window starting anywhere inside a slot. worst_60s_start_s is the start of "
+            "the first such window, in seconds after the clients started (negative: it began "
+            "before the first tokens).",
             "The tenant's budget is far above what it can spend; the warm-up tenants (a p95 "
             "route's sample) have no rate limit and run before the measured window.",
         ],
