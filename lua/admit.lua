@@ -36,7 +36,7 @@
 -- <rate state>   = m, then m quads (rpm_remaining, rpm_reset_ms, tpm_remaining, tpm_reset_ms);
 --                  -1 where that limit is not set. tpm_remaining is the tpm less what its
 --                  window holds (live holds + tokens ended in the last 60 s), at least 0;
---                  tpm_reset_ms is when the oldest ended tokens it counts leave the window.
+--                  tpm_reset_ms is when the ended tokens it counts have all left it.
 --
 -- Checks in order: requests per minute, budgets, then tokens per minute (lib.lua: the tpm
 -- windows): the tpm check needs the output the budgets leave. A request whose input and output
@@ -85,7 +85,7 @@ for _, r in ipairs(spec.r) do
   local tag, rpm, tpm = r[1], r[2], r[3]
   local st = {tag = tag}
   local names = {tag .. ':rw', tag .. ':rc', tag .. ':rp'}
-  if tpm > 0 then tpm_fields(names, tag, sec) end
+  if tpm > 0 then tpm_fields(names, tag) end
   local f = redis.call('HMGET', KEYS[K_RL], unpack(names))
   -- Sliding window: this minute's count plus last minute's, weighted by how much of it overlaps.
   local win = math.floor(now / minute)
@@ -117,10 +117,10 @@ for _, r in ipairs(spec.r) do
   -- after the budgets, which may shrink the output this request holds.
   if tpm > 0 then
     st.tpm = tpm
-    st.live, st.ended, st.per = tpm_read(f, 4, sec)
-    st.room = tpm - st.live - st.ended
+    st.win_state = tpm_state(tag, f, 4, sec)
+    st.room = tpm - st.win_state.live - st.win_state.ended
     table.insert(rate_state, math.max(st.room, 0))
-    table.insert(rate_state, tpm_reset(st.per, sec, now))
+    table.insert(rate_state, tpm_reset(st.win_state, sec, now))
   else
     table.insert(rate_state, -1)
     table.insert(rate_state, -1)
@@ -195,7 +195,7 @@ for _, st in ipairs(rates) do
     local need = math.min(est_in + out, st.tpm)
     if st.room < need then
       return budget_reply('rate', st.tag .. ':tpm',
-                          tpm_retry(st.live, st.ended, st.per, need, st.tpm, sec, now))
+                          tpm_retry(st.win_state, need, st.tpm, sec, now))
     end
     out = math.min(out, math.max(st.room - est_in, min_out))
   end
@@ -209,6 +209,7 @@ for _, st in ipairs(rates) do
   redis.call('HSET', KEYS[K_RL], tag .. ':rw', st.win, tag .. ':rc', st.c + 1, tag .. ':rp', st.p)
   if st.tpm then
     redis.call('HINCRBY', KEYS[K_RL], tag .. ':tl', take)
+    if st.win_state.dirty then tpm_save(st.win_state) end
     tpm_levels[#tpm_levels + 1] = {tag, st.tpm, take}
   end
 end

@@ -53,10 +53,8 @@ if grant > 0 then
   local sec = math.floor(now / 1000)
   for _, lvl in ipairs(rec.r or {}) do
     if lvl[3] then
-      local names = {}
-      tpm_fields(names, lvl[1], sec)
-      local live, ended = tpm_read(redis.call('HMGET', KEYS[K_RL], unpack(names)), 1, sec)
-      local room = lvl[2] - live - ended
+      local w = tpm_read(lvl[1], sec)
+      local room = lvl[2] - w.live - w.ended
       if room < grant then
         grant = math.max(room, 0)
         tight = lvl[1] .. ':tpm'

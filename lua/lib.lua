@@ -143,17 +143,22 @@ end
 --               settle and expiry remove exactly what the record says the level holds)
 --   <tag>:e<k>  'second,tokens': tokens of requests that ended in that epoch second, for
 --               k = second % 61; a field whose second is not the one k stands for now is
---               stale (more than 60 s old) and counts 0. A request that ended in second s
---               counts until s + 61 (up to 1 s more than it must).
+--               stale and counts 0. A request that ended in second s counts until s + 61 (up
+--               to 1 s more than it must).
+--   <tag>:es    the sum of the buckets of seconds eo and later, so a read needs no sum: a
+--   <tag>:eo    read at second t first subtracts the buckets of seconds eo .. t - 61 (one
+--               or two a second under load; none when nothing ended) and moves eo to t - 60
+--   <tag>:el    the latest second that has ended tokens (when the window will be empty)
 -- A reservation record's r holds [tag, tpm, held] per level; records of the earlier token
 -- bucket ([tag, tpm], fields <tag>:tb and <tag>:tt) are ignored.
 local TPM_SLOTS = 61
 
--- Append to `fields` the K_RL fields of a level's window at epoch second `sec`: tl, then the
--- 61 seconds sec - 60 .. sec, oldest first.
-local function tpm_fields(fields, tag, sec)
+-- Append to `fields` the K_RL fields tpm_state reads.
+local function tpm_fields(fields, tag)
   fields[#fields + 1] = tag .. ':tl'
-  for s = sec - 60, sec do fields[#fields + 1] = tag .. ':e' .. (s % TPM_SLOTS) end
+  fields[#fields + 1] = tag .. ':es'
+  fields[#fields + 1] = tag .. ':eo'
+  fields[#fields + 1] = tag .. ':el'
 end
 
 -- A bucket value's tokens if it is the bucket of second `sec`, else 0.
@@ -164,46 +169,79 @@ local function bucket_tokens(v, sec)
   return 0
 end
 
--- Read a level's window from an HMGET reply `vals` of tpm_fields at `at`: the live total, the
--- ended total and the ended tokens per second (61 entries, oldest first).
-local function tpm_read(vals, at, sec)
-  local live = math.max(tonumber(vals[at] or '0') or 0, 0)
-  local ended, per = 0, {}
-  for j = 1, TPM_SLOTS do
-    local a = bucket_tokens(vals[at + j], sec - 61 + j)
-    per[j] = a
-    ended = ended + a
-  end
-  return live, ended, per
+local function bucket_field(tag, sec)
+  return tag .. ':e' .. (sec % TPM_SLOTS)
 end
 
--- Ms until the oldest ended tokens counted leave the window (0: none counted).
-local function tpm_reset(per, sec, now)
-  for j = 1, TPM_SLOTS do
-    if per[j] > 0 then return (sec + j) * 1000 - now end
+-- A level's window at epoch second `sec`, from the values of tpm_fields at `vals[at..]`:
+-- {tag, live, ended (tokens ended in seconds sec - 60 .. sec), eo, el, dirty}. Buckets that
+-- left the window are subtracted here; tpm_save writes the result (when dirty).
+local function tpm_state(tag, vals, at, sec)
+  local st = {tag = tag, live = math.max(tonumber(vals[at] or '0') or 0, 0)}
+  local es, eo = tonumber(vals[at + 1] or '0') or 0, tonumber(vals[at + 2] or '')
+  st.el = tonumber(vals[at + 3] or '') or 0
+  local first = sec - 60
+  if not eo or first - eo >= TPM_SLOTS then
+    es = 0  -- every bucket it counted has left the window (or none was ever counted)
+  elseif eo < first then
+    local names = {}
+    for t = eo, first - 1 do names[#names + 1] = bucket_field(tag, t) end
+    local old = redis.call('HMGET', KEYS[K_RL], unpack(names))
+    for i = 1, #names do es = es - bucket_tokens(old[i], eo + i - 1) end
   end
+  st.eo = math.max(first, eo or first)  -- never back, should the server's clock go back
+  st.ended = math.max(es, 0)
+  st.dirty = st.eo ~= eo
+  return st
+end
+
+local function tpm_save(st)
+  redis.call('HSET', KEYS[K_RL], st.tag .. ':es', st.ended, st.tag .. ':eo', st.eo,
+             st.tag .. ':el', st.el)
+end
+
+-- Read a level's window now (one HMGET; a second one for buckets that left it).
+local function tpm_read(tag, sec)
+  local names = {}
+  tpm_fields(names, tag)
+  return tpm_state(tag, redis.call('HMGET', KEYS[K_RL], unpack(names)), 1, sec)
+end
+
+-- Ms until the window's ended tokens have all left it (0: none counted).
+local function tpm_reset(st, sec, now)
+  if st.ended > 0 and st.el >= sec - 60 then return (st.el + TPM_SLOTS) * 1000 - now end
   return 0
 end
 
--- Ms until `need` more tokens fit under `tpm`: when enough ended tokens leave the window, or
--- 1000 when the live holds alone leave no room (they end when their streams settle).
-local function tpm_retry(live, ended, per, need, tpm, sec, now)
-  if live + need > tpm then return 1000 end
-  local over = live + ended + need - tpm  -- ended tokens that must leave first
-  for j = 1, TPM_SLOTS do
-    over = over - per[j]
-    if over <= 0 then return math.max((sec + j) * 1000 - now, 1) end
+-- Ms until `need` more tokens fit under `tpm`: when enough ended tokens leave the window (its
+-- buckets read oldest first), or 1000 when the live holds alone leave no room (they end when
+-- their streams settle).
+local function tpm_retry(st, need, tpm, sec, now)
+  if st.live + need > tpm then return 1000 end
+  local over = st.live + st.ended + need - tpm  -- ended tokens that must leave first
+  local names = {}
+  for t = st.eo, sec do names[#names + 1] = bucket_field(st.tag, t) end
+  local per = redis.call('HMGET', KEYS[K_RL], unpack(names))
+  for i = 1, #names do
+    local t = st.eo + i - 1
+    over = over - bucket_tokens(per[i], t)
+    if over <= 0 then return math.max((t + TPM_SLOTS) * 1000 - now, 1) end
   end
   return 1000
 end
 
--- Add `n` tokens to a level's bucket of the current second.
+-- Add `n` tokens to a level's bucket of the current second (and to its sum).
 local function tpm_add_ended(tag, n, now)
   if n <= 0 then return end
   local sec = math.floor(now / 1000)
-  local f = tag .. ':e' .. (sec % TPM_SLOTS)
-  local a = bucket_tokens(redis.call('HGET', KEYS[K_RL], f), sec)
-  redis.call('HSET', KEYS[K_RL], f, int(sec) .. ',' .. int(a + n))
+  local f = bucket_field(tag, sec)
+  local names = {f}
+  tpm_fields(names, tag)
+  local vals = redis.call('HMGET', KEYS[K_RL], unpack(names))
+  local st = tpm_state(tag, vals, 2, sec)  -- subtracts a stale bucket in this field first
+  redis.call('HSET', KEYS[K_RL], f, int(sec) .. ',' .. int(bucket_tokens(vals[1], sec) + n))
+  st.ended, st.el = st.ended + n, sec
+  tpm_save(st)
 end
 
 -- A reservation ends (settled, or reclaimed at expiry): each tpm level drops what it held and

@@ -34,10 +34,12 @@ async def server_second(client: Any) -> int:
 
 
 async def ended_earlier(ledger: Ledger, client: Any, sc: Any, ago_s: int, tokens: int) -> None:
-    """Tokens of requests that ended ``ago_s`` seconds ago, as a settle then would have left."""
-    rl = ledger.keys.ledger(sc)[3]
+    """Tokens of requests that ended ``ago_s`` seconds ago (and none before), as a settle then
+    would have left them."""
+    rl, tag = ledger.keys.ledger(sc)[3], TENANT.tag
     sec = await server_second(client) - ago_s
-    await client.hset(rl, f"{TENANT.tag}:e{sec % 61}", f"{sec},{tokens}")
+    fields = {f"{tag}:e{sec % 61}": f"{sec},{tokens}", f"{tag}:es": tokens}
+    await client.hset(rl, mapping={**fields, f"{tag}:eo": sec - 1, f"{tag}:el": sec})
 
 
 async def test_a_full_window_refuses_until_its_oldest_tokens_leave(
@@ -182,3 +184,21 @@ async def test_state_of_the_earlier_token_bucket_is_ignored(ledger: Ledger, clie
     await client.hset(rl, mapping={f"{TENANT.tag}:tb": -50_000, f"{TENANT.tag}:tt": 1})
     a = await admitted(ledger, sc, input_tokens=10, output_estimate=10)
     assert a.rates[0].tokens_remaining == 1000 - 1 - 20
+
+
+async def test_tokens_that_ended_over_a_minute_ago_count_nothing(
+    ledger: Ledger, client: Any
+) -> None:
+    sc = tpm_scope(1000)
+    await admitted(ledger, sc, input_tokens=0, output_estimate=1)
+    # Long gone: the whole sum is dropped without reading a bucket.
+    await ended_earlier(ledger, client, sc, 200, 10**6)
+    a = await admitted(ledger, sc, input_tokens=10, output_estimate=10)
+    assert a.rates[0].tokens_remaining == 1000 - 1 - 20
+    # Ended 61 s ago, in the bucket this second reuses: subtracted, then the bucket is reused.
+    await ended_earlier(ledger, client, sc, 61, 10**6)
+    b = await admitted(ledger, sc, input_tokens=10, output_estimate=10)
+    assert b.rates[0].tokens_remaining == 1000 - 1 - 20 - 20
+    await ledger.settle(b.reservation, input_tokens=10, output_tokens=5)
+    c = await admitted(ledger, sc, input_tokens=0, output_estimate=1)
+    assert c.rates[0].tokens_remaining == 1000 - 1 - 20 - 15 - 1
