@@ -159,7 +159,8 @@ class Budget:
 
 @dataclass(frozen=True, slots=True)
 class RateLimit:
-    """Rate limits on one level: sliding-window requests per minute, token bucket per minute."""
+    """Rate limits on one level: requests per minute (sliding window), tokens per minute (any
+    sliding 60 s window holds at most that many input + output tokens; lua/lib.lua)."""
 
     level: Level
     requests_per_minute: int | None = None

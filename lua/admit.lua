@@ -45,7 +45,14 @@
 --                   {'expired', now_ms}  (this id expired and was charged; nothing changes)
 -- <budget state> = n, then n pairs (remaining, reset_ms) in the order of ARGV b
 -- <rate state>   = m, then m quads (rpm_remaining, rpm_reset_ms, tpm_remaining, tpm_reset_ms);
---                  -1 where that limit is not set
+--                  -1 where that limit is not set. tpm_remaining is the tpm less what its
+--                  window holds (live holds + tokens ended in the last 60 s), at least 0;
+--                  tpm_reset_ms is when the ended tokens it counts have all left it.
+--
+-- Checks in order: requests per minute, budgets, then tokens per minute (lib.lua: the tpm
+-- windows): the tpm check needs the output the budgets leave. A request whose input and output
+-- fit in the tpm waits ('rate', retry when enough ended tokens leave the window, or 1000 ms
+-- when live holds alone fill it) rather than being shrunk; a larger one runs alone.
 --
 -- Output is reserved up to the estimate `o`, and only while `hr` tokens per live reservation stay
 -- free after it (room for the streams in flight to extend into: a stream that outgrows its
@@ -94,10 +101,13 @@ local minute = 60000
 -- Rate limits: compute everything first, so a refusal writes nothing.
 local rates, rate_state = {}, {#spec.r}
 local refusal = nil
+local sec = math.floor(now / 1000)
 for _, r in ipairs(spec.r) do
   local tag, rpm, tpm = r[1], r[2], r[3]
   local st = {tag = tag}
-  local f = redis.call('HMGET', KEYS[K_RL], tag .. ':rw', tag .. ':rc', tag .. ':rp', tag .. ':tb', tag .. ':tt')
+  local names = {tag .. ':rw', tag .. ':rc', tag .. ':rp'}
+  if tpm > 0 then tpm_fields(names, tag) end
+  local f = redis.call('HMGET', KEYS[K_RL], unpack(names))
   -- Sliding window: this minute's count plus last minute's, weighted by how much of it overlaps.
   local win = math.floor(now / minute)
   local w, c, p = tonumber(f[1] or '-1'), tonumber(f[2] or '0'), tonumber(f[3] or '0')
@@ -124,19 +134,14 @@ for _, r in ipairs(spec.r) do
     table.insert(rate_state, -1)
     table.insert(rate_state, -1)
   end
-  -- Token bucket of tpm tokens, refilled lazily at tpm per minute; may be negative after settle.
+  -- Tokens per minute: a sliding window over reservations (lib.lua, tpm_fields); checked
+  -- after the budgets, which may shrink the output this request holds.
   if tpm > 0 then
-    local rate = tpm / minute
-    local tokens = tonumber(f[4] or tpm)
-    local last = tonumber(f[5] or now)
-    tokens = math.min(tpm, tokens + math.max(now - last, 0) * rate)
-    local need = math.min(est_in + min_out, tpm)
-    if tokens < need and not refusal then
-      refusal = {'rate', tag .. ':tpm', math.max(math.ceil((need - tokens) / rate), 1)}
-    end
-    st.tokens, st.tpm = tokens, tpm
-    table.insert(rate_state, math.max(math.floor(tokens), 0))
-    table.insert(rate_state, math.ceil((tpm - tokens) / rate))
+    st.tpm = tpm
+    st.win_state = tpm_state(tag, f, 4, sec)
+    st.room = tpm - st.win_state.live - st.win_state.ended
+    table.insert(rate_state, math.max(st.room, 0))
+    table.insert(rate_state, tpm_reset(st.win_state, sec, now))
   else
     table.insert(rate_state, -1)
     table.insert(rate_state, -1)
@@ -252,18 +257,34 @@ else
 end
 leave_queue()
 
--- Admitted: count the request, take from the buckets, hold the reservation.
-local bucket_take = est_in + out
-local bucket_levels = {}
+-- Tokens per minute: the request needs its input and output to fit in every level's window
+-- (tokens held live + ended in the last 60 s). One that could never fit whole (input and
+-- output above the tpm) needs the whole window and then takes what is left of it, at least
+-- `mo`: it runs alone. Otherwise its output is never shrunk for the window: it waits.
+for _, st in ipairs(rates) do
+  if st.tpm then
+    local need = math.min(est_in + out, st.tpm)
+    if st.room < need then
+      return budget_reply('rate', st.tag .. ':tpm',
+                          tpm_retry(st.win_state, need, st.tpm, sec, now))
+    end
+    out = math.min(out, math.max(st.room - est_in, min_out))
+  end
+end
+
+-- Admitted: count the request, add to the tpm windows' live totals, hold the reservation.
+local take = est_in + out
+local tpm_levels = {}
 for _, st in ipairs(rates) do
   local tag = st.tag
   redis.call('HSET', KEYS[K_RL], tag .. ':rw', st.win, tag .. ':rc', st.c + 1, tag .. ':rp', st.p)
   if st.tpm then
-    redis.call('HSET', KEYS[K_RL], tag .. ':tb', st.tokens - bucket_take, tag .. ':tt', now)
-    bucket_levels[#bucket_levels + 1] = {tag, st.tpm}
+    redis.call('HINCRBY', KEYS[K_RL], tag .. ':tl', take)
+    if st.win_state.dirty then tpm_save(st.win_state) end
+    tpm_levels[#tpm_levels + 1] = {tag, st.tpm, take}
   end
 end
-if #rates > 0 then keep_alive(2 * minute, KEYS[K_RL]) end
+if #rates > 0 then keep_alive(ttl + 2 * minute, KEYS[K_RL]) end
 
 local fields, dims = {}, {}
 for i, b in ipairs(spec.b) do
@@ -275,7 +296,7 @@ end
 local levels = spec.lv or {}
 for _, tag in ipairs(levels) do redis.call('HINCRBY', KEYS[K_LIVE], tag, 1) end
 local rec = {f = fields, d = dims, i = est_in, o = out, pi = pin, po = pout,
-             tb = bucket_take, r = bucket_levels, m = spec.m, lv = levels,
+             r = tpm_levels, m = spec.m, lv = levels,
              x = (spec.x == 1) and 1 or 0, t = now}
 redis.call('HSET', KEYS[K_RES], rid, cjson.encode(rec))
 redis.call('ZADD', KEYS[K_EXP], now + ttl, rid)
@@ -283,15 +304,11 @@ keep_alive(ttl + minute, KEYS[K_RESERVED], KEYS[K_RES], KEYS[K_EXP], KEYS[K_LIVE
 
 local reply = {'ok', now, out}
 append_budget_state(reply, spec.b, spec.w, used, reserved, now)
--- Rate state after this request: one fewer request, bucket lowered by what it took.
+-- Rate state after this request: one fewer request, its tokens held in each tpm window.
 for j, st in ipairs(rates) do
   local base = 1 + (j - 1) * 4
   if rate_state[base + 1] > 0 then rate_state[base + 1] = rate_state[base + 1] - 1 end
-  if st.tpm then
-    local left = st.tokens - bucket_take
-    rate_state[base + 3] = math.max(math.floor(left), 0)
-    rate_state[base + 4] = math.ceil((st.tpm - left) / (st.tpm / minute))
-  end
+  if st.tpm then rate_state[base + 3] = math.max(st.room - take, 0) end
 end
 for _, v in ipairs(rate_state) do table.insert(reply, v) end
 return reply

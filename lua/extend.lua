@@ -14,7 +14,10 @@
 -- Units: tokens; money in integer nano-USD; times in epoch ms from the server's TIME.
 --
 -- Reply, granted:   {'ok', now_ms, granted, output_reserved_total, <budget state>}
--- Reply, refused:   {'no', now_ms, budget field that is full, <budget state>}
+-- Reply, refused:   {'no', now_ms, what, <budget state>}  what: the budget field that is full,
+--                   or '<level tag>:tpm' when a tokens-per-minute window cannot hold the
+--                   least extension (lib.lua: the tpm windows); the stream then stops within
+--                   what it holds, as at a full budget
 -- Reply, gone:      {'gone', now_ms}   the reservation expired and was reclaimed (or settled):
 --                                      it is NOT recreated, the caller must stop
 -- Reply, bad clock: {'clock', now_ms}
@@ -44,8 +47,27 @@ for i, b in ipairs(spec.b) do
   end
 end
 
+-- Tokens per minute: the extension must fit in each level's window, like a new request.
+local windows = {}
+if grant > 0 then
+  local sec = math.floor(now / 1000)
+  for _, lvl in ipairs(rec.r or {}) do
+    if lvl[3] then
+      local w = tpm_read(lvl[1], sec)
+      local room = lvl[2] - w.live - w.ended
+      if room < grant then
+        grant = math.max(room, 0)
+        tight = lvl[1] .. ':tpm'
+      end
+      windows[#windows + 1] = lvl
+    end
+  end
+end
+
 if want > 0 and grant < least then
-  local reply = {'no', now, spec.b[tight][1]}
+  local what = tight
+  if type(tight) == 'number' then what = spec.b[tight][1] end
+  local reply = {'no', now, what}
   return append_budget_state(reply, spec.b, spec.w, used, reserved, now)
 end
 
@@ -55,9 +77,14 @@ if grant > 0 then
     if a ~= 0 then redis.call('HINCRBY', KEYS[K_RESERVED], b[1], a) end
     reserved[i] = reserved[i] + a
   end
+  for _, lvl in ipairs(windows) do
+    redis.call('HINCRBY', KEYS[K_RL], lvl[1] .. ':tl', grant)
+    lvl[3] = lvl[3] + grant
+  end
   rec.o = rec.o + grant
   redis.call('HSET', KEYS[K_RES], rid, cjson.encode(rec))
 end
+if #windows > 0 then keep_alive(ttl + 120000, KEYS[K_RL]) end
 redis.call('ZADD', KEYS[K_EXP], 'XX', now + ttl, rid)
 keep_alive(ttl + 60000, KEYS[K_RESERVED], KEYS[K_RES], KEYS[K_EXP], KEYS[K_LIVE])
 

@@ -25,7 +25,8 @@ local K_RESTORED = 9    -- hc:{root}:restored    string  set once the counters w
                         --                       and usage answer {'hydrate', now_ms}
 --
 -- A reservation record (K_RES): {f: fields, d: dims, i: input, o: output held, pi/po: prices,
---   tb: tokens the buckets gave, r: [[level tag, tpm]...], m: meta, lv: level tags,
+--   r: [[level tag, tpm, tokens its window holds]...] (see tpm_release), m: meta,
+--   lv: level tags,
 --   x: 1 to be charged (not refunded) when it expires, t: admitted at, ms}
 -- Meta (m): {rt: route, md: upstream model, k: key id, rq: request id, tn: tenant, og: org,
 --   pv: upstream (provider) name}: what a usage record says about who spent and where.
@@ -35,7 +36,8 @@ local K_RESTORED = 9    -- hc:{root}:restored    string  set once the counters w
 --   x expiry charge, r refusal), rid, tn, org, k, rt, md, pv, rq, oc (outcome); amounts are
 --   what the record adds to spend.
 -- An expiry record (K_EXPIRED): {c: [[field, dim, used key]...] charged, i, o, pi, po: the counts
---   and prices charged, r: bucket levels, m: meta, e: 1 (an estimate: the provider's count never
+--   and prices charged, r: the tpm levels (as the reservation's, their holds counted as ended
+--   at expiry), m: meta, e: 1 (an estimate: the provider's count never
 --   arrived)}
 
 local DAY_MS = 86400000
@@ -132,15 +134,144 @@ local function release(rec)
   end
 end
 
--- Correct token buckets by `delta` tokens more (or fewer) used than they gave.
-local function correct_buckets(levels, delta, now)
-  for _, lvl in ipairs(levels or {}) do
-    local tag, tpm = lvl[1], lvl[2]
-    local f = redis.call('HMGET', KEYS[K_RL], tag .. ':tb', tag .. ':tt')
-    local tokens, last = tonumber(f[1] or tpm), tonumber(f[2] or now)
-    tokens = math.min(tpm, tokens + math.max(now - last, 0) * tpm / 60000) - delta
-    redis.call('HSET', KEYS[K_RL], tag .. ':tb', math.min(tokens, tpm), tag .. ':tt', now)
+-- Token-per-minute windows. A request counts in every 60 s window that overlaps its life
+-- [admitted, settled], so admitting only while
+--   live holds + tokens of requests that ended in the last 60 s + this request <= tpm
+-- (and extending only while the same holds for the extension) keeps every sliding 60 s window
+-- within tpm. Per level tag with a tpm, in K_RL:
+--   <tag>:tl    input + output held by the level's live reservations (admit and extend add,
+--               settle and expiry remove exactly what the record says the level holds)
+--   <tag>:e<k>  'second,tokens': tokens of requests that ended in that epoch second, for
+--               k = second % 61; a field whose second is not the one k stands for now is
+--               stale and counts 0. A request that ended in second s counts until s + 61 (up
+--               to 1 s more than it must).
+--   <tag>:es    the sum of the buckets of seconds eo and later, so a read needs no sum: a
+--   <tag>:eo    read at second t first subtracts the buckets of seconds eo .. t - 61 (one
+--               or two a second under load; none when nothing ended) and moves eo to t - 60
+--   <tag>:el    the latest second that has ended tokens (when the window will be empty)
+-- A reservation record's r holds [tag, tpm, held] per level; records of the earlier token
+-- bucket ([tag, tpm], fields <tag>:tb and <tag>:tt) are ignored.
+local TPM_SLOTS = 61
+
+-- Append to `fields` the K_RL fields tpm_state reads.
+local function tpm_fields(fields, tag)
+  fields[#fields + 1] = tag .. ':tl'
+  fields[#fields + 1] = tag .. ':es'
+  fields[#fields + 1] = tag .. ':eo'
+  fields[#fields + 1] = tag .. ':el'
+end
+
+-- A bucket value's tokens if it is the bucket of second `sec`, else 0.
+local function bucket_tokens(v, sec)
+  if not v then return 0 end
+  local s, n = string.match(v, '^(%d+),(%d+)$')
+  if tonumber(s) == sec then return tonumber(n) end
+  return 0
+end
+
+local function bucket_field(tag, sec)
+  return tag .. ':e' .. (sec % TPM_SLOTS)
+end
+
+-- A level's window at epoch second `sec`, from the values of tpm_fields at `vals[at..]`:
+-- {tag, live, ended (tokens ended in seconds sec - 60 .. sec), eo, el, dirty}. Buckets that
+-- left the window are subtracted here; tpm_save writes the result (when dirty).
+local function tpm_state(tag, vals, at, sec)
+  local st = {tag = tag, live = math.max(tonumber(vals[at] or '0') or 0, 0)}
+  local es, eo = tonumber(vals[at + 1] or '0') or 0, tonumber(vals[at + 2] or '')
+  st.el = tonumber(vals[at + 3] or '') or 0
+  local first = sec - 60
+  if not eo or first - eo >= TPM_SLOTS then
+    es = 0  -- every bucket it counted has left the window (or none was ever counted)
+  elseif eo < first then
+    local names = {}
+    for t = eo, first - 1 do names[#names + 1] = bucket_field(tag, t) end
+    local old = redis.call('HMGET', KEYS[K_RL], unpack(names))
+    for i = 1, #names do es = es - bucket_tokens(old[i], eo + i - 1) end
   end
+  st.eo = math.max(first, eo or first)  -- never back, should the server's clock go back
+  st.ended = math.max(es, 0)
+  st.dirty = st.eo ~= eo
+  return st
+end
+
+local function tpm_save(st)
+  redis.call('HSET', KEYS[K_RL], st.tag .. ':es', st.ended, st.tag .. ':eo', st.eo,
+             st.tag .. ':el', st.el)
+end
+
+-- Read a level's window now (one HMGET; a second one for buckets that left it).
+local function tpm_read(tag, sec)
+  local names = {}
+  tpm_fields(names, tag)
+  return tpm_state(tag, redis.call('HMGET', KEYS[K_RL], unpack(names)), 1, sec)
+end
+
+-- Ms until the window's ended tokens have all left it (0: none counted).
+local function tpm_reset(st, sec, now)
+  if st.ended > 0 and st.el >= sec - 60 then return (st.el + TPM_SLOTS) * 1000 - now end
+  return 0
+end
+
+-- Ms until `need` more tokens fit under `tpm`: when enough ended tokens leave the window (its
+-- buckets read oldest first), or 1000 when the live holds alone leave no room (they end when
+-- their streams settle).
+local function tpm_retry(st, need, tpm, sec, now)
+  if st.live + need > tpm then return 1000 end
+  local over = st.live + st.ended + need - tpm  -- ended tokens that must leave first
+  local names = {}
+  for t = st.eo, sec do names[#names + 1] = bucket_field(st.tag, t) end
+  local per = redis.call('HMGET', KEYS[K_RL], unpack(names))
+  for i = 1, #names do
+    local t = st.eo + i - 1
+    over = over - bucket_tokens(per[i], t)
+    if over <= 0 then return math.max((t + TPM_SLOTS) * 1000 - now, 1) end
+  end
+  return 1000
+end
+
+-- Add `n` tokens to a level's bucket of the current second (and to its sum).
+local function tpm_add_ended(tag, n, now)
+  if n <= 0 then return end
+  local sec = math.floor(now / 1000)
+  local f = bucket_field(tag, sec)
+  local names = {f}
+  tpm_fields(names, tag)
+  local vals = redis.call('HMGET', KEYS[K_RL], unpack(names))
+  local st = tpm_state(tag, vals, 2, sec)  -- subtracts a stale bucket in this field first
+  redis.call('HSET', KEYS[K_RL], f, int(sec) .. ',' .. int(bucket_tokens(vals[1], sec) + n))
+  st.ended, st.el = st.ended + n, sec
+  tpm_save(st)
+end
+
+-- A reservation ends (settled, or reclaimed at expiry): each tpm level drops what it held and
+-- counts `ended` tokens (what it really used; at expiry its hold) as ended now.
+local function tpm_release(levels, ended, now)
+  local any = false
+  for _, lvl in ipairs(levels or {}) do
+    local held = lvl[3]
+    if held then
+      any = true
+      if redis.call('HINCRBY', KEYS[K_RL], lvl[1] .. ':tl', -held) < 0 then
+        redis.call('HSET', KEYS[K_RL], lvl[1] .. ':tl', 0)  -- the hash expired meanwhile
+      end
+      tpm_add_ended(lvl[1], ended, now)
+    end
+  end
+  if any then keep_alive(120000, KEYS[K_RL]) end
+end
+
+-- A settle after an expiry that counted the hold as ended: count only what the real usage
+-- adds beyond it (never less: the hold may well have been generated).
+local function tpm_late(levels, extra, now)
+  local any = false
+  for _, lvl in ipairs(levels or {}) do
+    if lvl[3] then
+      any = true
+      tpm_add_ended(lvl[1], extra, now)
+    end
+  end
+  if any and extra > 0 then keep_alive(120000, KEYS[K_RL]) end
 end
 
 -- The used key and window end of each window spec the caller named.
@@ -160,7 +291,6 @@ local function charge_expired(rid, rec, by, now, memory)
     charge(w[1], w[2], f, amount(rec.d[i], rec.i, rec.o, rec.pi, rec.po))
     rows[i] = {f, rec.d[i], w[1]}
   end
-  correct_buckets(rec.r, rec.i + rec.o - rec.tb, now)
   local x = {c = rows, i = rec.i, o = rec.o, pi = rec.pi, po = rec.po, r = rec.r, m = rec.m, e = 1}
   redis.call('HSET', KEYS[K_EXPIRED], rid, cjson.encode(x))
   append_record('x', rid, rec.m, {oc = 'expired', est = 1, n = 1, i = rec.i, o = rec.o,
@@ -213,6 +343,7 @@ local function reclaim(now, spec, used_keys)
       local rec = recs[i]
       if rec then
         release(rec)
+        tpm_release(rec.r, rec.i + rec.o, now)
         if rec.x == 1 then charge_expired(rid, rec, by, now, spec.xm) end
         redis.call('HDEL', KEYS[K_RES], rid)
       end

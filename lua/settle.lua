@@ -34,9 +34,10 @@
 --
 -- Every settle that charges appends one usage record (lib.lua) with what it added: the real
 -- counts, or after an expiry charge the difference to it (n = 0: the expiry record counted the
--- request). Usage is charged to the window current at settle time. A token bucket is corrected by the
--- difference between what admission took (or expiry charged) and what was used, and may go
--- negative: it then refuses new requests until it refills. Settle does not reclaim others.
+-- request). Usage is charged to the window current at settle time. Each tokens-per-minute window
+-- drops the hold and counts the real input + output as ended now (lib.lua, tpm_release; after an
+-- expiry, which counted the hold, only what the real count adds beyond it). Settle does not
+-- reclaim others.
 
 local rid, inp, out, remember = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local spec = cjson.decode(ARGV[5])
@@ -56,7 +57,7 @@ if raw then
   release(rec)
   redis.call('HDEL', KEYS[K_RES], rid)
   redis.call('ZREM', KEYS[K_EXP], rid)
-  correct_buckets(rec.r, inp + out - rec.tb, now)
+  tpm_release(rec.r, inp + out, now)
 else
   local xraw = redis.call('HGET', KEYS[K_EXPIRED], rid)
   if xraw then
@@ -66,7 +67,7 @@ else
     for _, row in ipairs(x.c) do
       before[row[1]] = {amount(row[2], x.i, x.o, x.pi, x.po), row[3]}
     end
-    correct_buckets(x.r, inp + out - x.i - x.o, now)
+    tpm_late(x.r, inp + out - x.i - x.o, now)
     redis.call('HDEL', KEYS[K_EXPIRED], rid)
     redis.call('ZREM', KEYS[K_EXPIRED_AT], rid)
   end

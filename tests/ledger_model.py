@@ -60,7 +60,6 @@ class Held:
     input_tokens: int
     output_tokens: int
     prices: Prices
-    bucket_take: int
     expiry_ms: int
     charge_on_expiry: bool = False
     levels: tuple[str, ...] = ()
@@ -213,7 +212,6 @@ class LedgerModel:
             input_tokens=input_tokens,
             output_tokens=out,
             prices=prices,
-            bucket_take=input_tokens + out,
             expiry_ms=now + self.ttl_ms,
             charge_on_expiry=charge_on_expiry,
             levels=tuple(self.levels),

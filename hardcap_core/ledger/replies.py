@@ -186,9 +186,18 @@ class Extended:
 
 @dataclass(frozen=True, slots=True)
 class ExtendRefused:
-    budget: Budget
+    """The extension does not fit: in ``budget``, or (``budget`` None) in the tokens-per-minute
+    window of ``level``. The stream stops within what it holds either way."""
+
+    budget: Budget | None
     budgets: tuple[BudgetState, ...]
     server_time_ms: int
+    level: Level | None = None  # whose limit refused: the budget's level, or the tpm's
+
+    @property
+    def rate_limited(self) -> bool:
+        """True when a tokens-per-minute window refused, not a budget."""
+        return self.budget is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,10 +371,10 @@ def parse_extend(reply: Sequence[Any], scope: Scope) -> ExtendResult:
         granted, total = r.int(), r.int()
         return Extended(granted, total, r.budget_states(), r.now_ms)
     if r.status == "no":
-        _, _, budget = r.locate(r.text())
-        if budget is None:
-            raise LedgerProtocolError("extend named a rate limit, not a budget")
-        return ExtendRefused(budget, r.budget_states(), r.now_ms)
+        level, dimension, budget = r.locate(r.text())
+        if budget is None and dimension != "tokens":
+            raise LedgerProtocolError("extend named a request rate limit")
+        return ExtendRefused(budget, r.budget_states(), r.now_ms, level)
     raise r.unexpected("extend")
 
 

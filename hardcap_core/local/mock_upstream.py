@@ -15,6 +15,9 @@ A request whose `metadata.hardcap_bench_id` is a string also gets its own record
 "finished" or "aborted"), so a benchmark can join each of its streams with what the mock really
 generated for it. The most recent `mock_truth.MAX_REQUEST_RECORDS` are kept; `POST /mock/reset`
 clears them with the counters. Injected error statuses bill nothing and get no record.
+`GET /mock/timeline?tenant=X`: that tenant's tokens per 100 ms slot (prompt tokens when a request
+is received, completion tokens as generated) and the worst 60 s window over them
+(`mock_truth.worst_window`); the most recent hour is kept.
 
 Test directives in the last user message, `[mock:name=value]`, each value a number:
 
@@ -208,6 +211,9 @@ def create_mock_app(settings: MockSettings) -> Starlette:
     async def requests(_: Request) -> Response:
         return JSONResponse(truth.requests_json())
 
+    async def timeline(request: Request) -> Response:
+        return JSONResponse(truth.timeline_json(request.query_params.get("tenant", "anonymous")))
+
     async def reset(_: Request) -> Response:
         truth.reset()
         faults.set(None)
@@ -239,6 +245,7 @@ def create_mock_app(settings: MockSettings) -> Starlette:
             Route("/v1/models", models, methods=["GET"]),
             Route("/mock/ground-truth", ground_truth, methods=["GET"]),
             Route("/mock/requests", requests, methods=["GET"]),
+            Route("/mock/timeline", timeline, methods=["GET"]),
             Route("/mock/reset", reset, methods=["POST"]),
             Route("/mock/fault", set_fault, methods=["POST"]),
             Route("/mock/fault", show_fault, methods=["GET"]),

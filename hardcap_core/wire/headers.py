@@ -69,11 +69,11 @@ def _rate_headers(headers: dict[str, str], rates: Sequence[RateState]) -> None:
         headers["x-ratelimit-limit-requests"] = str(tight.limit.requests_per_minute)
         headers["x-ratelimit-remaining-requests"] = str(tight.requests_remaining)
         headers["x-ratelimit-reset-requests"] = duration(tight.requests_reset_ms or 0)
-    buckets = [r for r in rates if r.limit.tokens_per_minute and r.tokens_remaining is not None]
-    if buckets:
-        tb = min(buckets, key=lambda r: r.tokens_remaining or 0)
+    windows = [r for r in rates if r.limit.tokens_per_minute and r.tokens_remaining is not None]
+    if windows:
+        tb = min(windows, key=lambda r: r.tokens_remaining or 0)
         current = headers.get("x-ratelimit-remaining-tokens")
-        # A token bucket that is tighter than every budget is what the client should watch.
+        # A tokens-per-minute window tighter than every budget is what the client should watch.
         if current is None or (tb.tokens_remaining or 0) < int(current):
             headers["x-ratelimit-limit-tokens"] = str(tb.limit.tokens_per_minute)
             headers["x-ratelimit-remaining-tokens"] = str(tb.tokens_remaining)

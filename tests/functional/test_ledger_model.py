@@ -138,6 +138,7 @@ class LedgerMachine(RuleBasedStateMachine):
         resets = tuple(b.reset_ms for b in got.budgets)
         assert (states, resets) == (want.remaining, want.reset_ms), (got, want)
         if isinstance(got, ExtendRefused):
+            assert got.budget is not None
             assert (want.kind, want.field) == ("no", got.budget.field), (got, want)
             return
         assert isinstance(got, Extended)
@@ -223,12 +224,11 @@ class LedgerMachine(RuleBasedStateMachine):
         assert set(records) == set(self.model.live) == set(expiry)
         for rid, h in self.model.live.items():
             rec = records[rid]
-            assert (rec["i"], rec["o"], rec["pi"], rec["po"], rec["tb"]) == (
+            assert (rec["i"], rec["o"], rec["pi"], rec["po"]) == (
                 h.input_tokens,
                 h.output_tokens,
                 h.prices.input_nusd,
                 h.prices.output_nusd,
-                h.bucket_take,
             ), (rec, h)
             assert (tuple(rec["f"]), tuple(rec["d"])) == (h.fields, h.dims)
             assert (rec["x"], tuple(rec["lv"])) == (int(h.charge_on_expiry), h.levels), rec

@@ -395,6 +395,12 @@ def test_ground_truth_equals_billed_usage_per_tenant(
         "errors": 0,
     }
     assert mock.truth("globex")["completion_tokens"] == 3
+    # The timeline holds the same tokens, slot by slot, and its worst minute is all of them.
+    line = mock.http.get("/mock/timeline", params={"tenant": "acme"}).json()
+    assert sum(r[1] for r in line["rows"]) == prompt
+    assert sum(r[2] for r in line["rows"]) == completion
+    assert line["worst_60s"]["tokens"] == prompt + completion
+    assert mock.http.get("/mock/timeline", params={"tenant": "nobody"}).json()["rows"] == []
 
 
 def test_client_disconnect_counts_only_what_was_sent(mock: MockServer) -> None:
