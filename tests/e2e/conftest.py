@@ -28,3 +28,12 @@ def base(valkey: LocalValkey, mock: Mock) -> Iterator[str]:
     mock.reset()
     with gateway_thread(config_data(mock.url, valkey.url)) as url:
         yield url
+
+
+@pytest.fixture
+def flushed(valkey: LocalValkey, mock: Mock) -> LocalValkey:
+    """A flushed Valkey and a reset mock (the requesting module's own ``mock`` if it has one)."""
+    with redis.Redis.from_url(valkey.url) as r:
+        r.flushall()
+    mock.reset()
+    return valkey

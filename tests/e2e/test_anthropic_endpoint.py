@@ -11,7 +11,6 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
-import redis
 
 from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.valkey import LocalValkey
@@ -33,14 +32,6 @@ def mock() -> Iterator[Mock]:
     m = Mock(MockSettings(pace_ms=0.5, seed=17))
     yield m
     m.stop()
-
-
-@pytest.fixture
-def flushed(valkey: LocalValkey, mock: Mock) -> LocalValkey:
-    with redis.Redis.from_url(valkey.url) as r:
-        r.flushall()
-    mock.reset()
-    return valkey
 
 
 _clients: list[anthropic.Anthropic] = []

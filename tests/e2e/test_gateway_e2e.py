@@ -12,7 +12,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import redis
 
 from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.valkey import LocalValkey
@@ -27,14 +26,6 @@ def mock() -> Iterator[Mock]:
     m = Mock(MockSettings(pace_ms=1.0, seed=11))
     yield m
     m.stop()
-
-
-@pytest.fixture
-def flushed(valkey: LocalValkey, mock: Mock) -> LocalValkey:
-    with redis.Redis.from_url(valkey.url) as r:
-        r.flushall()
-    mock.reset()
-    return valkey
 
 
 def gateway(mock: Mock, valkey: LocalValkey, **overrides: Any) -> Any:

@@ -6,7 +6,6 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-import redis
 
 from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.valkey import LocalValkey
@@ -20,14 +19,6 @@ def mock() -> Iterator[Mock]:
     m = Mock(MockSettings(pace_ms=1.0, seed=14))
     yield m
     m.stop()
-
-
-@pytest.fixture
-def flushed(valkey: LocalValkey, mock: Mock) -> LocalValkey:
-    with redis.Redis.from_url(valkey.url) as r:
-        r.flushall()
-    mock.reset()
-    return valkey
 
 
 def test_a_stream_is_cut_where_the_minute_is_full_then_the_tenant_waits(
