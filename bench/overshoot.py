@@ -35,7 +35,6 @@ were made).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import shutil
@@ -54,25 +53,18 @@ from bench.budget_runs import (
     DEFAULT_MODES,
     MAX_TOKENS,
     MODES,
-    Batch,
     Mode,
     build_config,
     choose_window,
-    p95_state,
-    reset_estimator,
-    run_batch,
-    summarize,
-    tenant_ids,
-    warm_up,
 )
-from bench.machine import CpuWatch, machine_info, pids_of, write_json
+from bench.machine import machine_info, pids_of, write_json
+from bench.overshoot_cells import Target, batches_of, run_cell
 from bench.stack import LogWatch
 from hardcap_core.local.valkey import LocalValkey
 
 RESULTS = Path(__file__).resolve().parent / "results"
 QUICK_CELLS = (("p95_truncate", 128), ("p95_truncate", 8), ("count_after", 128))
 CHECK_MAX_OVERSHOOT = 0.005
-CONTENDED = 0.25  # share of the machine other processes took during a batch: run it again
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -164,25 +156,6 @@ def plan_cells(ns: argparse.Namespace) -> list[tuple[Mode, int, int]]:
     runs_at = {int(k): int(v) for k, v in (x.split(":") for x in ns.runs_at.split(",") if x)}
     levels = sorted({int(c) for c in ns.concurrency.split(",")}, reverse=True)
     return [(m, c, runs_at.get(c, ns.runs)) for c in levels for m in modes]
-
-
-def batches_of(mode: Mode, concurrency: int, runs: int, ns: argparse.Namespace) -> list[Batch]:
-    """The cell's tenant-runs, grouped to run together while their streams add up to at most
-    ``--max-streams``. Each run has its own tenants, so runs of a cell may share a batch."""
-    plan = [
-        (run, tenant_ids(ns.tenants * (run + 1))[-ns.tenants + i], i)
-        for run in range(runs)
-        for i in range(ns.tenants)
-    ]
-    together = max(1, min(len(plan), ns.max_streams // concurrency))
-    out = []
-    for start in range(0, len(plan), together):
-        group = plan[start : start + together]
-        seeds = [ns.seed * 1_000_003 + concurrency * 1009 + run * 101 + i for run, _, i in group]
-        out.append(
-            Batch(mode, concurrency, [r for r, _, _ in group], [t for _, t, _ in group], seeds)
-        )
-    return out
 
 
 def resumable_cells(out: Path, parameters: dict[str, Any]) -> list[dict[str, Any]]:
@@ -328,8 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                     }
                     bar = tqdm(total=sum(len(b.tenants) for b, _ in all_batches), unit="tenant-run")
                     logs = LogWatch([g.log for g in gws])
+                    target = Target(urls, mock.url, valkey.url, pids, bar)
                     for mode, conc, runs in cells_plan:
-                        cell = run_cell(ns, mode, conc, runs, urls, mock.url, valkey.url, pids, bar)
+                        cell = run_cell(ns, mode, conc, runs, target)
                         cell["gateway_log"] = logs.new_entries()
                         if quota is not None:
                             cell["gateway_cgroup_throttling"] = quota.mark()
@@ -351,88 +325,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"CHECK FAILED: {result['check']}", file=sys.stderr)
         return 1
     return 0
-
-
-def run_cell(
-    ns: argparse.Namespace,
-    mode: Mode,
-    conc: int,
-    runs: int,
-    urls: list[str],
-    mock_url: str,
-    redis_url: str,
-    pids: dict[str, int],
-    bar: Any,
-) -> dict[str, Any]:
-    bar.set_postfix_str(f"{mode.name} x{conc}")
-    if mode.learns_p95:
-        # Every cell starts from the same learned estimate, not from what the last cell left.
-        reset_estimator(redis_url, mode.name)
-        asyncio.run(warm_up(urls, mode, ns.warmup))
-    before = p95_state(redis_url, mode.name) if mode.learns_p95 else None
-    with starve.Hogs(ns.starve) as hogs:
-        # The busy processes are ours: their CPU is not contention that reruns a batch.
-        ours = {**pids, **hogs.pids()}
-        return _measure_cell(ns, mode, conc, runs, urls, mock_url, redis_url, ours, before, bar)
-
-
-def _measure_cell(
-    ns: argparse.Namespace,
-    mode: Mode,
-    conc: int,
-    runs: int,
-    urls: list[str],
-    mock_url: str,
-    redis_url: str,
-    pids: dict[str, int],
-    before: dict[str, int] | None,
-    bar: Any,
-) -> dict[str, Any]:
-    """The cell's batches (each run again while the machine was contended), summarized."""
-    watch = CpuWatch(pids).start()
-    batches = batches_of(mode, conc, runs, ns)
-    for batch in batches:
-        retries = 0
-        while True:
-            batch.results, batch.queue_waits_ms = [], []
-            batch_watch = CpuWatch(pids).start()
-            run_batch(
-                batch,
-                urls,
-                mock_url,
-                redis_url,
-                ns.time_limit,
-                ns.busy_pause,
-                retries=ns.client,
-                max_retries=ns.max_retries,
-            )
-            share = batch_watch.stop()["other_share"]
-            # Other work that takes a real share of the CPU makes the gateways lag behind the
-            # upstream, which is what puts tokens in flight past a budget: run it again.
-            if share is None or share <= CONTENDED or retries >= ns.contended_retries:
-                break
-            retries += 1
-        for r in batch.results:
-            r["other_processes_share"] = share  # how contended the machine was meanwhile
-            r["contended_retries"] = retries
-        bar.update(len(batch.tenants))
-    results = [r for b in batches for r in b.results]
-    return {
-        "mode": mode.name,
-        "label": mode.label,
-        "truncates": mode.truncates,
-        "concurrency": conc,
-        "runs": runs,
-        "tenants": ns.tenants,
-        "tenants_together": len(batches[0].tenants),
-        "p95_before": before,
-        "p95_after": p95_state(redis_url, mode.name) if mode.learns_p95 else None,
-        "cpu": watch.stop(),
-        "client": ns.client,
-        "starve_processes": ns.starve,
-        "summary": summarize(results, [w for b in batches for w in b.queue_waits_ms]),
-        "tenant_runs": results,
-    }
 
 
 def print_summary(result: dict[str, Any], out: Path) -> None:
