@@ -65,7 +65,7 @@ from hardcap_core.wire.base import Charged, WireFormat
 DEADLINE_MARGIN_S = 3.0  # end and settle a stream this long before Lambda's timeout
 # A request stops waiting to be admitted at least this long before Lambda's timeout, so that
 # what it was admitted for still has time to run.
-QUEUE_DEADLINE_MARGIN_S = 10.0
+QUEUE_MARGIN_S = 10.0
 QUEUE_WAIT_HEADER = "x-hardcap-queue-wait-ms"
 T = TypeVar("T")
 
@@ -153,8 +153,10 @@ class Gateway:
             route.name, route.model, principal.key_id, request_id, principal.tenant_id,
             principal.org_id or "", route.upstream.name,
         )  # fmt: skip
+        deadline = _deadline(request)  # read once: the queue and the stream stop before it
+        wait_until = None if deadline is None else deadline - QUEUE_MARGIN_S
         admission = await self._admit(
-            principal, route, chat, max_tokens, meta, wire, arrived, _deadline(request)
+            principal, route, chat, max_tokens, meta, wire, arrived, wait_until
         )
         if self.config.gateway.log_prompts:  # opt-in only: prompts may hold personal data
             logger.info("prompt", extra={"route": route.name, "messages": chat.messages})
@@ -170,7 +172,7 @@ class Gateway:
             targets.stream(chat, upstream_cap),
             admission.meter,
             wire.encoder(chat, model=route.name, same_dialect=same),
-            deadline=_deadline(request, DEADLINE_MARGIN_S),
+            deadline=None if deadline is None else deadline - DEADLINE_MARGIN_S,
             log_completion=self.config.gateway.log_prompts,
         )
         await relay.open()
@@ -414,9 +416,9 @@ class Gateway:
             ) from e
 
 
-def _deadline(request: Request, margin_s: float = QUEUE_DEADLINE_MARGIN_S) -> float | None:
-    """Event-loop time ``margin_s`` before the Lambda invocation's deadline, from the Lambda Web
-    Adapter's context header (None outside Lambda)."""
+def _deadline(request: Request) -> float | None:
+    """The Lambda invocation's deadline in event-loop time, from the Lambda Web Adapter's
+    context header (None outside Lambda)."""
     raw = request.headers.get("x-amzn-lambda-context")
     if not raw:
         return None
@@ -424,8 +426,7 @@ def _deadline(request: Request, margin_s: float = QUEUE_DEADLINE_MARGIN_S) -> fl
         deadline_ms = int(json.loads(raw)["deadline"])
     except (ValueError, KeyError, TypeError):
         return None
-    left = deadline_ms / 1000 - time.time() - margin_s
-    return asyncio.get_running_loop().time() + left
+    return asyncio.get_running_loop().time() + deadline_ms / 1000 - time.time()
 
 
 def _now_ms() -> int:
