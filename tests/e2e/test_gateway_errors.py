@@ -142,6 +142,19 @@ def _gateway(valkey: LocalValkey, mock: Mock, **overrides: Any) -> Any:
     return gateway_thread(config_data(mock.url, valkey.url, **overrides))
 
 
+def _holding_stream(c: openai.OpenAI, tokens: int, pace_ms: int) -> Any:
+    """A stream with max_tokens 280: it holds nearly all of a 300-token budget while it runs
+    (``tokens`` tokens, one per ``pace_ms``)."""
+    text = f"x [mock:tokens={tokens}] [mock:pace_ms={pace_ms}]"
+    return c.chat.completions.create(
+        model="small",
+        messages=[{"role": "user", "content": text}],
+        max_tokens=280,
+        stream=True,
+        user="alpha",
+    )
+
+
 def test_budget_busy_then_exceeded(
     valkey: LocalValkey, mock: Mock, sdk: Callable[..., openai.OpenAI]
 ) -> None:
@@ -151,13 +164,7 @@ def test_budget_busy_then_exceeded(
     with _gateway(valkey, mock, **overrides) as url:
         c = sdk(url)
         # A stream with max_tokens 280 holds nearly all of the 300 while it runs ...
-        stream = c.chat.completions.create(
-            model="small",
-            messages=[{"role": "user", "content": "x [mock:tokens=5] [mock:pace_ms=300]"}],
-            max_tokens=280,
-            stream=True,
-            user="alpha",
-        )
+        stream = _holding_stream(c, 5, 300)
         # ... so another request is busy (it would fit with nothing in flight), not exceeded.
         with pytest.raises(openai.RateLimitError) as busy:
             c.chat.completions.create(model="small", messages=HI, max_tokens=100)
@@ -274,13 +281,7 @@ def test_a_busy_request_waits_its_turn_then_is_served(
     mock.reset()
     with _gateway(valkey, mock, **{"tenants.0.budgets": budgets}) as url:
         c = sdk(url)
-        stream = c.chat.completions.create(
-            model="small",
-            messages=[{"role": "user", "content": "x [mock:tokens=4] [mock:pace_ms=250]"}],
-            max_tokens=280,
-            stream=True,
-            user="alpha",
-        )
+        stream = _holding_stream(c, 4, 250)
         reader = threading.Thread(target=lambda: list(stream))
         reader.start()
         short = [{"role": "user", "content": "y [mock:tokens=5]"}]
@@ -303,13 +304,7 @@ def test_a_request_that_waited_too_long_is_busy_and_costs_nothing(
     mock.reset()
     with _gateway(valkey, mock, **overrides) as url:
         c = sdk(url)
-        stream = c.chat.completions.create(
-            model="small",
-            messages=[{"role": "user", "content": "x [mock:tokens=4] [mock:pace_ms=500]"}],
-            max_tokens=280,
-            stream=True,
-            user="alpha",
-        )
+        stream = _holding_stream(c, 4, 500)
         started = time.monotonic()
         with pytest.raises(openai.RateLimitError) as busy:
             c.chat.completions.create(model="small", messages=HI, max_tokens=100, user="alpha")
