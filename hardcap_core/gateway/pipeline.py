@@ -168,6 +168,7 @@ class Gateway:
         # even output the meter failed to count cannot take the stream past them.
         room = admission.output_room
         upstream_cap = max_tokens if room is None else min(max_tokens, room)
+        admission.meter.asked = upstream_cap
         relay = Relay(
             targets.stream(chat, upstream_cap),
             admission.meter,
@@ -357,6 +358,7 @@ class Gateway:
         meter = admission.meter
         # A reply that cannot be cut is capped upstream at what is reserved.
         cap = meter.reserved if meter.reservation and route.policy.cuts else max_tokens
+        meter.asked = cap
         try:
             completion = await self._targets(route, meter).complete(chat, cap)
         except UpstreamMalformed:

@@ -50,6 +50,7 @@ class Relay:
         self._run_gen: AsyncGenerator[bytes, None] | None = None
         self._head: list[bytes] = []
         self._usage: Usage | None = None
+        self._final: Usage | None = None  # the provider's final report, once read
         self._text: list[str] | None = [] if log_completion else None
         self._timed_out = False  # the deadline came while waiting for the provider
         self._finished = False  # the provider gave a finish reason
@@ -112,7 +113,9 @@ class Relay:
         with anyio.CancelScope(shield=True):
             await self._stop_keep_alive()
             await self._close_upstream()
-            await self.meter.settle(outcome, self._usage)
+            # A cut stream is charged the provider's final report if one was read (the reply
+            # had ended in the read in hand), else the meter's estimate.
+            await self.meter.settle(outcome, self._final if outcome.cut else self._usage)
         if self._text is not None:
             logger.info("completion", extra={"content": "".join(self._text)})
         if outcome not in CLOSED_CLEANLY:
@@ -140,7 +143,14 @@ class Relay:
         # What one read allows goes out as one piece: one write to the client per network read
         # of the provider, however many events it held (a backlog can be hundreds).
         async for read in self._timed_reads():
-            self.meter.note_read(sum(event.tokens for event in read))
+            self.meter.note_read(
+                sum(event.tokens for event in read),
+                least=sum(o.least for event in read for o in event.output),
+            )
+            final = final_report(read, finished=self._finished)
+            if final is not None and final.output_tokens is not None:
+                self._final = final
+                self.meter.provider_finished(final.output_tokens)
             out: list[bytes] = []
             for event in read:
                 if self.outcome is not None:
@@ -209,3 +219,15 @@ class Relay:
 
     def _past_deadline(self) -> bool:
         return self.deadline is not None and asyncio.get_running_loop().time() >= self.deadline
+
+
+def final_report(read: Read, *, finished: bool) -> Usage | None:
+    """The provider's final usage report in ``read``, if it holds one: usage at or after a
+    finish reason (OpenAI sends it in the chunk after the finish, Anthropic with it, Bedrock
+    in the metadata after messageStop). ``finished``: a finish reason came in an earlier read."""
+    found = None
+    for event in read:
+        finished = finished or event.finish is not None
+        if finished and event.usage is not None:
+            found = event.usage
+    return found

@@ -353,6 +353,45 @@ async def test_a_stream_the_budget_cannot_cover_ends_with_length(standalone_clie
     assert s.usage_sent()["completion_tokens"] == s.meter.charged_output
 
 
+def backlog(n: int, tokens: int) -> Read:
+    """The rest of a reply in one network read: ``n`` pieces the gateway counts at ``tokens``
+    each, the finish reason and the provider's final report."""
+    pieces = [content(f"w{i} ", tokens=tokens) for i in range(n)]
+    return [*pieces, finish(), usage(Usage(7, 18, raw={"prompt_tokens": 7,
+                                                       "completion_tokens": 18})), done()]
+
+
+async def test_a_reply_whose_final_report_fits_the_hold_goes_out_whole(
+    standalone_client: Any,
+) -> None:
+    """The gateway's count of the backlog (18 pieces at 2 tokens: 36) is past the 20-token
+    hold, but the provider had finished and reports 18: the reply is billed at 18 whether or
+    not it goes out, so it goes out whole and is charged the report, not the count."""
+    script = Script([[role()], backlog(18, tokens=2)])
+    s = await stream(standalone_client, script, budget=20, reserve=20)
+    await s.run()
+    assert s.sent()[-3:] == ["finish:stop", "usage", DONE]
+    assert len(words_sent(s)) == 18
+    await s.check_ended_once(Outcome.COMPLETED)
+    assert (s.meter.charged_input, s.meter.charged_output) == (7, 18)
+
+
+async def test_a_cut_stream_whose_final_report_was_read_is_charged_the_report(
+    standalone_client: Any,
+) -> None:
+    """The provider ignored the hold (it reports 18 against a 10-token budget) and finished
+    within one read: the stream is cut at the hold as ever, and charged what the provider
+    reports it billed (18, the overshoot shown as it is), not the gateway's count (36)."""
+    script = Script([[role()], backlog(18, tokens=2)])
+    s = await stream(standalone_client, script, budget=10, reserve=10)
+    await s.run()
+    assert s.sent()[-3:] == ["finish:length", "usage", DONE]
+    assert len(words_sent(s)) < 18
+    await s.check_ended_once(Outcome.TRUNCATED)
+    assert (s.meter.charged_input, s.meter.charged_output) == (7, 18)
+    assert s.usage_sent()["completion_tokens"] == 18
+
+
 async def test_a_deadline_already_passed_ends_the_stream_with_length(
     standalone_client: Any,
 ) -> None:
