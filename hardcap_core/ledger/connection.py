@@ -7,7 +7,7 @@ Built once per process (per Lambda execution environment) and shared by every re
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -28,6 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from hardcap_core.errors import LedgerProtocolError, LedgerUnavailable
 from hardcap_core.ledger.iam_auth import CONNECTION_MAX_AGE_S, provider_from_env, reauthenticating
+from hardcap_core.ledger.pipe import Pipes
 
 T = TypeVar("T")
 # What a server that is down, restarting, failing over or too slow looks like to redis-py.
@@ -55,6 +56,28 @@ MAX_CONNECTIONS = 64
 RETRIES = 2
 
 
+class Standalone(aioredis.Redis):
+    """redis-py's client, with the pipes the ledger's script calls take (:mod:`.pipe`)."""
+
+    pipes: Pipes | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        if self.pipes is not None:
+            self.pipes.close()
+        await super().aclose(close_connection_pool)
+
+
+class Cluster(RedisCluster):
+    """redis-py's cluster client, with the pipes the ledger's script calls take."""
+
+    pipes: Pipes | None = None
+
+    async def aclose(self) -> None:
+        if self.pipes is not None:
+            self.pipes.close()
+        await super().aclose()
+
+
 async def connect(
     url: str,
     *,
@@ -71,6 +94,9 @@ async def connect(
     ``credential_provider`` given, every connection authenticates with the provider's user and
     password, and reconnects (authenticating again) once older than ``max_connection_age_s``:
     ElastiCache drops an IAM-authenticated connection after 12 hours.
+
+    The client carries :class:`.pipe.Pipes` for the ledger's script calls, with the same
+    settings (TLS, credentials, timeouts, the 12-hour reconnect).
     """
     provider = credential_provider or provider_from_env()
     common: dict[str, Any] = {
@@ -89,13 +115,17 @@ async def connect(
     }
     if provider is not None:
         common["credential_provider"] = provider
+    max_age = max_connection_age_s if provider is not None else None
     if not cluster:
         pool = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=MAX_CONNECTIONS, timeout=SOCKET_TIMEOUT_S, **common
         )
-        standalone = aioredis.Redis.from_pool(pool)
+        standalone = Standalone(connection_pool=pool)
+        standalone.auto_close_connection_pool = True  # as Redis.from_pool: it owns the pool
+        standalone.pipes = Pipes(standalone, timeout_s=SOCKET_TIMEOUT_S, max_age_s=max_age)
         return reauthenticating(standalone, max_connection_age_s) if provider else standalone
-    client = RedisCluster.from_url(url, max_connections=CLUSTER_MAX_CONNECTIONS, **common)
+    client = cast(Cluster, Cluster.from_url(url, max_connections=CLUSTER_MAX_CONNECTIONS, **common))
+    client.pipes = Pipes(client, timeout_s=SOCKET_TIMEOUT_S, max_age_s=max_age)
     if provider is not None:
         reauthenticating(client, max_connection_age_s)
     try:

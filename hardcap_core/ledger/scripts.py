@@ -14,6 +14,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
 
+from hardcap_core.ledger.pipe import PipedScript, Pipes
+
 LEDGER_SCRIPTS = ("admit", "extend", "settle", "usage", "hydrate", "leave")
 STANDALONE_SCRIPTS = ("estimator_record", "estimator_vote", "unlock", "breaker")
 
@@ -64,6 +66,11 @@ class Scripts:
 
     @classmethod
     def register(cls, client: Any) -> Scripts:
-        return cls(
-            **{n: client.register_script(source(n)) for n in LEDGER_SCRIPTS + STANDALONE_SCRIPTS}
-        )
+        """The scripts on ``client``: over its pipes when it has them (a client made by
+        :func:`.connection.connect`, :mod:`.pipe`), else redis-py's script objects."""
+        pipes = getattr(client, "pipes", None)
+        out: dict[str, Any] = {}
+        for name in LEDGER_SCRIPTS + STANDALONE_SCRIPTS:
+            slow = client.register_script(source(name))
+            out[name] = PipedScript(slow, pipes) if isinstance(pipes, Pipes) else slow
+        return cls(**out)

@@ -18,10 +18,12 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import AuthenticationError
 
-from hardcap_core.ledger import iam_auth
+from hardcap_core.budgets import Dimension
+from hardcap_core.ledger import Admitted, Ledger, iam_auth
 from hardcap_core.ledger.connection import connect
 from hardcap_core.ledger.iam_auth import AwsCredentials, IamCredentialProvider, auth_token
 from hardcap_core.local.valkey import LocalCluster, LocalValkey
+from tests.conftest import TENANT, scope
 
 USER = "hardcap-gateway"
 CACHE = "hardcap-1a2b3c4d"
@@ -215,3 +217,29 @@ async def test_cluster_nodes_authenticate_and_reconnect(valkey_cluster: LocalClu
         for a in admins:
             await a.execute_command("ACL", "DELUSER", USER)
             await a.aclose()
+
+
+async def test_the_ledgers_script_calls_authenticate_and_reconnect_too(
+    server: LocalValkey, admin: Any
+) -> None:
+    """The ledger's calls go over their own pipelined connection (ledger/pipe.py): it logs in
+    as the IAM user with the token, and reconnects with a fresh one once it is old."""
+    clock = Clock()
+    creds = provider(clock)
+    await set_password(admin, expected_token(T0))
+    client = await connect(server.url, credential_provider=creds, max_connection_age_s=0.3)
+    sc = scope((TENANT, Dimension.TOTAL_TOKENS, 10_000, "day"))
+    try:
+        ledger = Ledger(client)
+        a = await ledger.admit(sc, input_tokens=1, output_estimate=1)
+        assert isinstance(a, Admitted)
+        listed = await admin.execute_command("CLIENT", "LIST", "USER", USER)
+        assert b"cmd=evalsha" in listed  # the pipe, logged in as the IAM user
+        clock.now += iam_auth.TOKEN_REUSE_S
+        await set_password(admin, expected_token(clock.now))
+        await asyncio.sleep(0.4)
+        await ledger.settle(a.reservation, input_tokens=1, output_tokens=1)
+        assert (await ledger.usage(sc)).rows[0].used == 2
+        assert creds.signatures == 2
+    finally:
+        await client.aclose()
