@@ -24,7 +24,7 @@ import collections
 import ssl
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import hiredis
 from redis._parsers.base import BaseParser
@@ -64,8 +64,8 @@ class Pipe(asyncio.Protocol):
         self.used_at = self.opened_at
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports do not subclass asyncio's, so no isinstance check here.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)

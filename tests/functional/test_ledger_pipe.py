@@ -167,3 +167,29 @@ def test_commands_are_packed_as_resp_bulk_strings() -> None:
     assert pack(("EVALSHA", "ab", 1, "k", b"\x00v")) == (
         b"*5\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$1\r\n1\r\n$1\r\nk\r\n$2\r\n\x00v\r\n"
     )
+
+
+def test_the_pipe_carries_the_calls_under_uvloop(valkey: LocalValkey) -> None:
+    """The gateway serves on uvloop (uvicorn's loop="uvloop"), whose transports are not
+    asyncio's classes: the calls must still go over the pipe, not fall back to redis-py."""
+    import redis
+    import uvloop
+
+    admin = redis.Redis.from_url(valkey.url)
+    admin.flushall()
+
+    async def run() -> int:
+        client = await connect(valkey.url)
+        try:
+            ledger = Ledger(client)
+            await asyncio.gather(*(pair(ledger) for _ in range(32)))
+            listed = admin.execute_command("CLIENT", "LIST", "TYPE", "normal").decode()
+            assert await used(ledger) == 32 * 15
+            return len(listed.strip().splitlines())
+        finally:
+            await client.aclose()
+
+    try:
+        assert uvloop.run(run()) == 2  # the pipe and the admin: no redis-py connections
+    finally:
+        admin.close()
