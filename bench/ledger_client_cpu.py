@@ -21,10 +21,10 @@ from typing import Any
 from bench.ledger import INPUT_TOKENS, OUTPUT_ESTIMATE, PRICES, bench_scope
 from bench.machine import machine_info, write_json
 from hardcap_core.ledger import Admitted, Ledger
+from hardcap_core.ledger.scripts import LEDGER_SCRIPTS, STANDALONE_SCRIPTS
 
 RESULTS = Path(__file__).resolve().parent / "results"
-NAMES = ("admit", "extend", "settle", "usage", "hydrate", "estimator_record", "estimator_vote",
-         "unlock", "breaker")  # fmt: skip  # Scripts.register's order
+NAMES = LEDGER_SCRIPTS + STANDALONE_SCRIPTS  # Scripts.register's order
 
 
 class Canned:

@@ -4,8 +4,10 @@ The same admit + settle pair the gateway sends (the real ``lua/`` scripts, the k
 arguments :class:`hardcap_core.ledger.Ledger` builds for a 3-level, 4-budget scope with rpm +
 tpm on the key, a fresh reservation id per pair), sent by:
 
-- ``redis-py+hiredis``: the gateway's client (``ledger.connection.connect``), through redis-py's
-  script objects (EVALSHA, NOSCRIPT reload), as the ledger calls it;
+- ``hardcap pipe``: the gateway's path (``hardcap_core/ledger/pipe.py``): ``connect()``'s
+  client, each script a ``PipedScript`` over one pipelined connection, as the ledger calls it;
+- ``redis-py+hiredis``: the same client through redis-py's script objects (EVALSHA, NOSCRIPT
+  reload): the gateway's path before the pipe;
 - ``redis-py+hiredis evalsha``: the same client, ``EVALSHA`` called directly (no script object);
 - ``redis-py+hiredis ConnectionPool``: redis-py's default (non-blocking) pool instead of the
   ``BlockingConnectionPool`` the gateway's client uses;
@@ -48,7 +50,8 @@ from bench.ledger import INPUT_TOKENS, OUTPUT_ESTIMATE, PARSERS, PRICES, bench_s
 from bench.machine import machine_info, write_json
 from hardcap_core.ledger import Ledger
 from hardcap_core.ledger.connection import SOCKET_TIMEOUT_S, connect
-from hardcap_core.ledger.scripts import source
+from hardcap_core.ledger.pipe import PipedScript
+from hardcap_core.ledger.scripts import LEDGER_SCRIPTS, STANDALONE_SCRIPTS, source
 from hardcap_core.local.valkey import LocalValkey
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,10 +80,7 @@ class _Recorder:
 class _RecordingClient:
     def __init__(self) -> None:
         self.calls: dict[str, tuple[list[str], list[Any]]] = {}
-        self._names = iter(
-            ("admit", "extend", "settle", "usage", "hydrate", "estimator_record",
-             "estimator_vote", "unlock", "breaker")
-        )  # fmt: skip  # Scripts.register's order
+        self._names = iter(LEDGER_SCRIPTS + STANDALONE_SCRIPTS)  # Scripts.register's order
 
     def register_script(self, src: str) -> _Recorder:
         return _Recorder(next(self._names), self.calls)
@@ -134,6 +134,17 @@ class RedisPyScripts:
         script = self.scripts.get(src)
         if script is None:
             script = self.scripts[src] = self.client.register_script(src)
+        return await script(keys=keys, args=args)
+
+
+class PipeScripts(RedisPyScripts):
+    """The gateway's path: each script a PipedScript over the client's pipes."""
+
+    async def __call__(self, src: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        script = self.scripts.get(src)
+        if script is None:
+            slow = self.client.register_script(src)
+            script = self.scripts[src] = PipedScript(slow, self.client.pipes)
         return await script(keys=keys, args=args)
 
 
@@ -226,6 +237,9 @@ async def open_client(kind: str, url: str, port: int) -> tuple[Call, Callable[[]
             )
         call: Call = RedisPyEvalsha(client) if "evalsha" in kind else RedisPyScripts(client)
         return call, client.aclose
+    if kind == "hardcap pipe":
+        client = await connect(url)
+        return PipeScripts(client), client.aclose
     if kind == "valkey-glide":
         from glide import GlideClient, GlideClientConfiguration, NodeAddress
 
@@ -244,6 +258,7 @@ async def open_client(kind: str, url: str, port: int) -> tuple[Call, Callable[[]
 
 
 KINDS = (
+    "hardcap pipe",
     "redis-py+hiredis",
     "redis-py+hiredis evalsha",
     "redis-py+hiredis ConnectionPool",

@@ -72,6 +72,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 TENANT = "bench"
 TARGETS = ("direct", "bare", "httpx", "httpx_aiohttp", "aiohttp", "httpx2", "http11", "gateway")
+# (and gateway_base, with --base-tree)
 PROXIES = ("httpx", "httpx_aiohttp", "aiohttp", "httpx2", "http11")
 KINDS = ("latency", "saturation", "stream")
 CONTENDED = 0.25  # share of the machine other processes took during a block: run it again
@@ -99,6 +100,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="REV",
         help="run the gateway from `git archive REV` (say HEAD) instead of the working tree",
     )
+    p.add_argument(
+        "--base-tree",
+        metavar="REV",
+        help="also run a gateway from `git archive REV` (target gateway_base), blocks "
+        "alternating with the gateway's: a change measured against its base in the same run",
+    )
     p.add_argument("--profile", action="store_true", help="py-spy flame graphs of the gateway")
     p.add_argument("--profile-seconds", type=int, default=15)
     p.add_argument("--profile-rate", type=int, default=250)
@@ -117,6 +124,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if ns.profile and "gateway" not in ns.targets:
         p.error("--profile needs the gateway target")
     ns.gateway_env = dict(kv.split("=", 1) for kv in ns.gateway_env)
+    if ns.base_tree:
+        if "gateway" not in ns.targets:
+            p.error("--base-tree needs the gateway target")
+        ns.targets.append("gateway_base")
     return ns
 
 
@@ -350,6 +361,25 @@ def main(argv: list[str] | None = None) -> int:
                 f"{gws[0].url}/v1/chat/completions",
                 gws[0].proc.pid,
                 "gateway",
+                "p95",
+                stack.tenant_key(TENANT),
+            )
+        if ns.base_tree:
+            base = export_tree(ns.base_tree, tmp / "base-tree")
+            result["base_tree"] = base
+            env = {**ns.gateway_env, "PYTHONPATH": f"{base['path']}{os.pathsep}{ROOT}"}
+            (tmp / "base").mkdir()
+            bases = es.enter_context(
+                stack.gateways_with_env(
+                    config(mock.url, vk.url), 1, tmp / "base", env, log_level=ns.log_level
+                )
+            )
+            pids["gateway_base"] = bases[0].proc.pid
+            targets["gateway_base"] = Target(
+                "gateway_base",
+                f"{bases[0].url}/v1/chat/completions",
+                bases[0].proc.pid,
+                "gateway_base",
                 "p95",
                 stack.tenant_key(TENANT),
             )

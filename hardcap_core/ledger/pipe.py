@@ -54,16 +54,21 @@ def pack(parts: Sequence[Any]) -> bytes:
 
 
 class Pipe(asyncio.Protocol):
-    """One connection: commands written as they come, futures resolved in reply order."""
+    """One connection: commands written as they come, futures resolved in reply order. A call
+    not answered within ``timeout_s`` closes it (one timer per connection, not per call: the
+    replies come in order, so only the oldest call in flight can be the first late one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float) -> None:
         self.reader = hiredis.Reader()
-        self.waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self.timeout_s = timeout_s
+        # Each call in flight, with the time by which its reply is due.
+        self.waiting: collections.deque[tuple[asyncio.Future[Any], float]] = collections.deque()
         self.outbox: list[bytes] = []  # commands not written yet (see send)
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.opened_at = time.monotonic()
         self.used_at = self.opened_at
+        self._watch: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio's, so no isinstance check here.
@@ -75,8 +80,8 @@ class Pipe(asyncio.Protocol):
             if not self.waiting:
                 self.close(RedisConnectionError("the cache sent a reply nobody asked for"))
                 return
-            future = self.waiting.popleft()
-            if not future.done():  # a call that timed out is answered late: dropped
+            future, _ = self.waiting.popleft()
+            if not future.done():  # a caller that was cancelled meanwhile: dropped
                 future.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -91,12 +96,24 @@ class Pipe(asyncio.Protocol):
             raise RedisConnectionError("connection to the cache closed")
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self.waiting.append(future)
+        now = self.used_at = time.monotonic()
+        self.waiting.append((future, now + self.timeout_s))
+        if self._watch is None:
+            self._watch = loop.call_later(self.timeout_s, self._check_late)
         if not self.outbox:
             loop.call_soon(self._flush)
         self.outbox.append(command)
-        self.used_at = time.monotonic()
         return future
+
+    def _check_late(self) -> None:
+        self._watch = None
+        if self.closed or not self.waiting:
+            return
+        late = self.waiting[0][1] - time.monotonic()
+        if late <= 0:
+            self.close(RedisTimeoutError(f"the cache did not answer within {self.timeout_s:g} s"))
+        else:
+            self._watch = asyncio.get_running_loop().call_later(late, self._check_late)
 
     def _flush(self) -> None:
         if self.closed or self.transport is None or not self.outbox:
@@ -110,8 +127,10 @@ class Pipe(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        if self._watch is not None:
+            self._watch.cancel()
         while self.waiting:
-            future = self.waiting.popleft()
+            future, _ = self.waiting.popleft()
             if not future.done():
                 future.set_exception(error)
         if self.transport is not None:
@@ -142,19 +161,11 @@ class Node:
         now = time.monotonic()
         if pipe is None or pipe.closed or self._stale(pipe, now):
             pipe = await self._open()
-        return await self._answer(pipe, pipe.send(command))
+        return await pipe.send(command)
 
     def _stale(self, pipe: Pipe, now: float) -> bool:
         aged = self.max_age_s is not None and now - pipe.opened_at >= self.max_age_s
         return aged or (not pipe.waiting and now - pipe.used_at >= IDLE_CHECK_S)
-
-    async def _answer(self, pipe: Pipe, future: asyncio.Future[Any]) -> Any:
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(self.timeout_s, _expire, pipe, future, self.timeout_s)
-        try:
-            return await future
-        finally:
-            timer.cancel()
 
     async def _open(self) -> Pipe:
         if self._opening is None:
@@ -179,7 +190,9 @@ class Node:
         loop = asyncio.get_running_loop()
         try:
             _, pipe = await asyncio.wait_for(
-                loop.create_connection(Pipe, self.host, self.port, ssl=self.ssl),
+                loop.create_connection(
+                    lambda: Pipe(self.timeout_s), self.host, self.port, ssl=self.ssl
+                ),
                 self.kwargs.get("socket_connect_timeout") or self.timeout_s,
             )
         except TimeoutError as e:  # not handed back: a second wait would double it
@@ -209,7 +222,7 @@ class Node:
         return commands
 
     async def _handshake_reply(self, pipe: Pipe, command: bytes) -> Any:
-        reply = await self._answer(pipe, pipe.send(command))
+        reply = await pipe.send(command)
         if isinstance(reply, hiredis.ReplyError):
             error = reply_error(reply)
             if isinstance(error, ResponseError) and str(reply).startswith(("WRONGPASS", "NOAUTH")):
@@ -270,7 +283,8 @@ class PipedScript:
         return sha
 
     async def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        node = self.pipes.node_for(keys[0])  # a script's keys share one hash slot
+        # A script's keys share one hash slot; one without keys may run on any node.
+        node = self.pipes.node_for(keys[0] if keys else "")
         command = pack(("EVALSHA", self.slow.sha, len(keys), *keys, *args))
         try:
             reply = await node.call(command)
@@ -295,11 +309,6 @@ def reply_error(reply: hiredis.ReplyError) -> Exception:
     """redis-py's exception for an error reply (its classes: OOM, READONLY, BUSY ...)."""
     error: Exception = BaseParser.parse_error(str(reply))  # type: ignore[no-untyped-call]
     return error
-
-
-def _expire(pipe: Pipe, future: asyncio.Future[Any], timeout_s: float) -> None:
-    if not future.done():
-        pipe.close(RedisTimeoutError(f"the cache did not answer within {timeout_s:g} s"))
 
 
 def tls_context(kwargs: dict[str, Any]) -> ssl.SSLContext:
