@@ -7,6 +7,8 @@ tokens arrive, the relay asks to forward them, and the budget refuses to grow.
 
 from __future__ import annotations
 
+import math
+import random
 from typing import Any
 
 from hardcap_core.budgets import Dimension
@@ -252,3 +254,25 @@ async def test_a_provider_cut_at_the_cap_has_its_tokens_in_flight_held_and_charg
     known = 50 + 10
     assert meter.in_flight() >= 4 + 9
     assert meter.cut_charge() == known + meter.in_flight() <= meter.reserved
+
+
+async def test_the_stall_margin_is_the_largest_recent_read(standalone_client: Any) -> None:
+    """The in-flight guess adds the most tokens one of the last reads brought, less one: kept
+    as reads come and go out of the window, it is what a scan of the window would give."""
+    from hardcap_core.gateway.meter import STALL_WINDOW
+
+    clock = Clock()
+    meter = await hold(standalone_client, budget=10**6, reserve=100, clock=clock)
+    rng = random.Random(7)
+    reads: list[int] = []
+    meter.note_read(0)  # the first read starts the clock; it is not a batch
+    start = clock.now
+    for _ in range(500):
+        n = rng.choice([0, 1, 1, 1, 2, rng.randrange(0, 60)])
+        clock.now += PACE_S
+        meter.note_read(n)
+        reads.append(n)
+        window = reads[-STALL_WINDOW:]
+        speed = sum(reads) / max(clock.now - start, 0.1)
+        guard = meter.settings.guard + math.ceil(speed * meter.settings.guard_s)
+        assert meter.in_flight() == guard + max(max(window) - 1, 0)
