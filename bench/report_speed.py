@@ -52,9 +52,19 @@ def wrk_tables(data: dict[str, Any], source: str) -> str:
         f"blocks, medians; gateway at commit `{str(data['gateway_tree'].get('commit'))[:10]}`), "
         f"{m.get('cpu_model', '?')}, {m.get('cpu_count', '?')} cores shared by wrk, the mock, "
         "Valkey and the target: CPU µs per request (the target process's own CPU time over the "
-        "requests it served) is the figure that travels; req/s is bounded by the machine.",
+        "requests it served) is the figure that travels; req/s is bounded by the machine. An "
+        "added figure below zero is noise: that round's direct calls were slowed by more "
+        "than the target's (every target calls the same mock).",
     ]
     return "\n".join(rows)
+
+
+def _stream_added(added: float) -> tuple[str, bool | None]:
+    """The stream's added p50 and whether it meets the goal; below zero it tells nothing (the
+    gateway calls the same mock: the run's direct streams were slowed by something else)."""
+    if added < 0:
+        return f"{added:+.2f} ms (below zero: noise in the direct call, no verdict)", None
+    return f"{added:+.2f} ms", added <= 1.5
 
 
 def speed_goals_table(data: dict[str, Any]) -> str:
@@ -72,8 +82,7 @@ def speed_goals_table(data: dict[str, Any]) -> str:
          f"+{g['added_p50_ms']:.2f} ms", g["added_p50_ms"] <= 0.6),
         ("Added p99, not streamed, 1 connection", "<= 1.0 ms",
          f"+{g['added_p99_ms']:.2f} ms", g["added_p99_ms"] <= 1.0),
-        ("200-token stream, added p50", "<= 1.5 ms",
-         f"{g['stream_added_p50_ms']:+.2f} ms", g["stream_added_p50_ms"] <= 1.5),
+        ("200-token stream, added p50", "<= 1.5 ms", *_stream_added(g["stream_added_p50_ms"])),
         ("Gateway CPU per relayed token", "<= 7 µs",
          f"{g['stream_target_cpu_us_per_token']:.1f} µs", g["stream_target_cpu_us_per_token"] <= 7),
         ("One worker, not streamed (1 s of CPU / CPU per request)", ">= 2,000 req/s",
@@ -85,7 +94,7 @@ def speed_goals_table(data: dict[str, Any]) -> str:
     ]  # fmt: skip
     rows = ["| Goal (issue 13) | Target | Measured | |", "|---|---|---|---|"]
     for goal, target, measured, ok in rows_in:
-        verdict = "—" if ok is None else ("met" if ok else "**missed**")
+        verdict = "inconclusive" if ok is None else ("met" if ok else "**missed**")
         rows.append(f"| {goal} | {target} | {measured} | {verdict} |")
     return "\n".join(rows)
 
