@@ -273,6 +273,27 @@ def profile(
     }
 
 
+def gateway_target(
+    es: ExitStack,
+    name: str,
+    data: dict[str, Any],
+    log_dir: Path,
+    env: dict[str, str],
+    ns: argparse.Namespace,
+    targets: dict[str, Target],
+    pids: dict[str, int],
+) -> local_stack.Service:
+    """One gateway worker serving ``data`` with ``env`` (a tree of its own on PYTHONPATH), as
+    target ``name``; stopped when ``es`` closes."""
+    (gateway,) = es.enter_context(
+        stack.gateways_with_env(data, 1, log_dir, env, log_level=ns.log_level)
+    )
+    pids[name] = gateway.proc.pid
+    url = f"{gateway.url}/v1/chat/completions"
+    targets[name] = Target(name, url, gateway.proc.pid, name, "p95", stack.tenant_key(TENANT))
+    return gateway
+
+
 def export_tree(rev: str, dest: Path) -> dict[str, str]:
     """``git archive rev`` unpacked at ``dest``: a gateway that others' edits in progress in
     the working tree cannot change (or break) during a run."""
@@ -350,39 +371,15 @@ def main(argv: list[str] | None = None) -> int:
                 tree = export_tree(ns.gateway_tree, tmp / "gateway-tree")
                 result["gateway_tree"] = tree
                 ns.gateway_env.setdefault("PYTHONPATH", f"{tree['path']}{os.pathsep}{ROOT}")
-            gws = es.enter_context(
-                stack.gateways_with_env(
-                    config(mock.url, vk.url), 1, tmp, ns.gateway_env, log_level=ns.log_level
-                )
-            )
-            pids["gateway"] = gws[0].proc.pid
-            targets["gateway"] = Target(
-                "gateway",
-                f"{gws[0].url}/v1/chat/completions",
-                gws[0].proc.pid,
-                "gateway",
-                "p95",
-                stack.tenant_key(TENANT),
-            )
+            gws = [gateway_target(es, "gateway", config(mock.url, vk.url), tmp, ns.gateway_env,
+                                  ns, targets, pids)]  # fmt: skip
         if ns.base_tree:
             base = export_tree(ns.base_tree, tmp / "base-tree")
             result["base_tree"] = base
             env = {**ns.gateway_env, "PYTHONPATH": f"{base['path']}{os.pathsep}{ROOT}"}
             (tmp / "base").mkdir()
-            bases = es.enter_context(
-                stack.gateways_with_env(
-                    config(mock.url, vk.url), 1, tmp / "base", env, log_level=ns.log_level
-                )
-            )
-            pids["gateway_base"] = bases[0].proc.pid
-            targets["gateway_base"] = Target(
-                "gateway_base",
-                f"{bases[0].url}/v1/chat/completions",
-                bases[0].proc.pid,
-                "gateway_base",
-                "p95",
-                stack.tenant_key(TENANT),
-            )
+            gateway_target(es, "gateway_base", config(mock.url, vk.url), tmp / "base", env, ns,
+                           targets, pids)  # fmt: skip
         bodies = write_bodies(tmp, ns.stream_tokens)
         result["warm"] = {
             n: warm(t, bodies, 3.0 if n == "gateway" else 1.0 if ns.quick else 2.0)

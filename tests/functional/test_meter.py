@@ -259,7 +259,7 @@ async def test_a_provider_cut_at_the_cap_has_its_tokens_in_flight_held_and_charg
 async def test_the_stall_margin_is_the_largest_recent_read(standalone_client: Any) -> None:
     """The in-flight guess adds the most tokens one of the last reads brought, less one: kept
     as reads come and go out of the window, it is what a scan of the window would give."""
-    from hardcap_core.gateway.meter import STALL_WINDOW
+    from hardcap_core.gateway.pace import STALL_WINDOW
 
     clock = Clock()
     meter = await hold(standalone_client, budget=10**6, reserve=100, clock=clock)
