@@ -174,9 +174,14 @@ for _, id in ipairs(lapsed) do
 end
 local rank = redis.call('ZRANK', KEYS[K_Q], rid)
 local ahead = rank
+-- A waiter's score: its class (worth more than any time), then when it joined, in ms; those
+-- that joined in the same ms are 1/64 apart in their order of arrival (a member's name would
+-- order them otherwise). 1/64 is exact in a double at these magnitudes.
+local joined = now - (spec.qp or 0) * 1e13
+local next_ms = '(' .. string.format('%.17g', joined + 1)
 if not rank then
   -- A newcomer waits behind those of its class or higher.
-  ahead = redis.call('ZCOUNT', KEYS[K_Q], '-inf', now - (spec.qp or 0) * 1e13)
+  ahead = redis.call('ZCOUNT', KEYS[K_Q], '-inf', next_ms)
 end
 local function leave_queue()
   if rank then
@@ -221,7 +226,12 @@ tight = tight or 1
 local function wait()
   if queue_ttl > 0 then
     -- Ordered by class, then by when it joined (a class is worth more than any time).
-    if not rank then redis.call('ZADD', KEYS[K_Q], now - (spec.qp or 0) * 1e13, rid) end
+    if not rank then
+      local last = redis.call('ZREVRANGEBYSCORE', KEYS[K_Q], next_ms, joined, 'WITHSCORES',
+                              'LIMIT', 0, 1)
+      local score = last[2] and (tonumber(last[2]) + 1 / 64) or joined
+      redis.call('ZADD', KEYS[K_Q], string.format('%.17g', score), rid)
+    end
     redis.call('ZADD', KEYS[K_QX], now + queue_ttl, rid)
     keep_alive(queue_ttl + minute, KEYS[K_Q], KEYS[K_QX])
     local reply = {'queued', now, spec.b[tight][1], ahead}

@@ -209,3 +209,19 @@ async def test_a_higher_priority_class_waits_ahead(ledger: Ledger) -> None:
     assert isinstance(await admit(ledger, sc, "early", 500), Queued)  # not its turn yet
     assert isinstance(await admit(ledger, sc, "urgent", 500, queue_priority=2), Admitted)
     assert isinstance(await admit(ledger, sc, "early", 500), Queued)  # 100 of the 500 free
+
+
+async def test_waiters_that_join_in_the_same_millisecond_keep_their_order(ledger: Ledger) -> None:
+    """Two requests sent one right after the other (one connection, in order) join within the
+    same millisecond or two: the one sent first is first in line, whatever their ids."""
+    for i in range(10):
+        tenant = Level(LevelKind.TENANT, f"same-ms-{i}")
+        sc = scope((tenant, TOT, 1000, "day"), levels=(tenant,))
+        held = await admit(ledger, sc, f"held-{i}", 900)
+        first, second = await asyncio.gather(
+            admit(ledger, sc, f"zz-{i}", 500), admit(ledger, sc, f"aa-{i}", 500)
+        )
+        assert isinstance(first, Queued) and isinstance(second, Queued)
+        await ledger.settle(held.reservation, input_tokens=0, output_tokens=10)
+        assert isinstance(await admit(ledger, sc, f"aa-{i}", 500), Queued)  # still second
+        assert isinstance(await admit(ledger, sc, f"zz-{i}", 500), Admitted)
