@@ -145,9 +145,9 @@ class Meter:
         # ignored that once past it.
         self.asked: int | None = None
         self.received_least = 0
-        # The provider's own count of the whole reply, once a read in hand carries its final
-        # report: nothing more is generated, and that count is what it bills.
-        self.reported_final: int | None = None
+        # The provider's final usage report, once a read in hand carries it: nothing more is
+        # generated, and that is what it bills, cut or not.
+        self.final: Usage | None = None
         self._refreshed = self._clock()
         self._pace = Pace(clock)
 
@@ -167,21 +167,20 @@ class Meter:
         self.upstream = target.upstream.name
         self.served = target
 
-    def note_read(self, tokens: int, least: int = 0) -> None:
+    def note_read(self, tokens: int, least: int = 0, final: Usage | None = None) -> None:
         """The relay read ``tokens`` more output tokens (at least ``least``, one per piece)
-        from the provider in one network read."""
+        from the provider in one network read; ``final``: the provider's final usage report,
+        if that read ends the reply with one. The rest of the reply may then go out if the
+        reported output fits the hold and the cap, however the gateway's own count of the text
+        (a tokenizer's estimate) compares."""
         self._pace.read(tokens)
         self.received_least += least
         self.in_hand += tokens
-
-    def provider_finished(self, output_tokens: int | None) -> None:
-        """The read in hand ends the reply with the provider's final report of
-        ``output_tokens``: the rest of it may go out if that count fits the hold and the cap,
-        however the gateway's own count of the text compares (a tokenizer's estimate)."""
-        self.reported_final = output_tokens
+        if final is not None and final.output_tokens is not None:
+            self.final = final
 
     def _reported_fits(self) -> bool:
-        final = self.reported_final
+        final = self.final.output_tokens if self.final else None
         if final is None or (self.cap is not None and final > self.cap):
             return False
         return self.reservation is None or final <= self.reserved
@@ -329,14 +328,16 @@ class Meter:
     async def settle(self, outcome: Outcome, usage: Usage | None = None) -> None:
         """Charge the request once, by how it ended.
 
-        By :func:`.charge.settle_charge`: ``usage`` is the provider's report (for a cut stream,
-        its final report if one was read before the cut). Only completed replies feed the
-        output-length estimator; the charge and the sample go out together.
+        By :func:`.charge.settle_charge`: ``usage`` is the provider's report; a cut stream's is
+        the final report read before the cut, if any (:meth:`note_read`). Only completed
+        replies feed the output-length estimator; the charge and the sample go out together.
         """
         if self.settled:
             return
         self.settled = True
         self.outcome = outcome
+        if outcome.cut:
+            usage = self.final
         estimated = outcome.cut and usage is None
         self.charged_input, self.charged_output, cached, written = settle_charge(
             outcome, usage, input_estimate=self.input_estimate,

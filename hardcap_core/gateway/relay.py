@@ -50,7 +50,6 @@ class Relay:
         self._run_gen: AsyncGenerator[bytes, None] | None = None
         self._head: list[bytes] = []
         self._usage: Usage | None = None
-        self._final: Usage | None = None  # the provider's final report, once read
         self._text: list[str] | None = [] if log_completion else None
         self._timed_out = False  # the deadline came while waiting for the provider
         self._finished = False  # the provider gave a finish reason
@@ -113,9 +112,7 @@ class Relay:
         with anyio.CancelScope(shield=True):
             await self._stop_keep_alive()
             await self._close_upstream()
-            # A cut stream is charged the provider's final report if one was read (the reply
-            # had ended in the read in hand), else the meter's estimate.
-            await self.meter.settle(outcome, self._final if outcome.cut else self._usage)
+            await self.meter.settle(outcome, self._usage)
         if self._text is not None:
             logger.info("completion", extra={"content": "".join(self._text)})
         if outcome not in CLOSED_CLEANLY:
@@ -143,14 +140,7 @@ class Relay:
         # What one read allows goes out as one piece: one write to the client per network read
         # of the provider, however many events it held (a backlog can be hundreds).
         async for read in self._timed_reads():
-            self.meter.note_read(
-                sum(event.tokens for event in read),
-                least=sum(o.least for event in read for o in event.output),
-            )
-            final = final_report(read, finished=self._finished)
-            if final is not None and final.output_tokens is not None:
-                self._final = final
-                self.meter.provider_finished(final.output_tokens)
+            self.meter.note_read(*tally(read, finished=self._finished))
             out: list[bytes] = []
             for event in read:
                 if self.outcome is not None:
@@ -221,13 +211,18 @@ class Relay:
         return self.deadline is not None and asyncio.get_running_loop().time() >= self.deadline
 
 
-def final_report(read: Read, *, finished: bool) -> Usage | None:
-    """The provider's final usage report in ``read``, if it holds one: usage at or after a
-    finish reason (OpenAI sends it in the chunk after the finish, Anthropic with it, Bedrock
-    in the metadata after messageStop). ``finished``: a finish reason came in an earlier read."""
-    found = None
+def tally(read: Read, *, finished: bool) -> tuple[int, int, Usage | None]:
+    """One pass over a read: its output tokens, their lower bound (one per piece), and the
+    provider's final usage report if the read holds one: usage at or after a finish reason
+    (OpenAI sends it in the chunk after the finish, Anthropic with it, Bedrock in the metadata
+    after messageStop). ``finished``: a finish reason came in an earlier read."""
+    tokens = least = 0
+    final = None
     for event in read:
+        tokens += event.tokens
+        for piece in event.output:
+            least += piece.least
         finished = finished or event.finish is not None
         if finished and event.usage is not None:
-            found = event.usage
-    return found
+            final = event.usage
+    return tokens, least, final
