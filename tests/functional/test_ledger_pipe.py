@@ -47,6 +47,14 @@ async def used(ledger: Ledger) -> int:
     return (await ledger.usage(SC)).rows[0].used
 
 
+async def warm(client: Any) -> tuple[Ledger, Any, Any]:
+    """A ledger on ``client`` after one request: its node, and the pipe that request opened."""
+    ledger = Ledger(client)
+    await pair(ledger)
+    (node,) = client.pipes.nodes.values()
+    return ledger, node, node.pipe
+
+
 async def connections(admin: Any) -> int:
     """Client connections the server has open, the admin's own included."""
     listed = (await admin.execute_command("CLIENT", "LIST", "TYPE", "normal")).decode()
@@ -68,10 +76,7 @@ async def test_calls_in_flight_share_one_connection(valkey: LocalValkey, admin: 
 async def test_a_connection_the_server_drops_is_replaced(valkey: LocalValkey, admin: Any) -> None:
     client = await connect(valkey.url)
     try:
-        ledger = Ledger(client)
-        await pair(ledger)
-        (node,) = client.pipes.nodes.values()
-        first = node.pipe
+        ledger, node, first = await warm(client)
         me = await admin.client_id()
         await admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
         await asyncio.sleep(0.05)  # the pipe hears the close
@@ -91,10 +96,7 @@ async def test_a_connection_dropped_while_idle_is_checked_before_a_call(
     not through redis-py's slower path."""
     client = await connect(valkey.url)
     try:
-        ledger = Ledger(client)
-        await pair(ledger)
-        (node,) = client.pipes.nodes.values()
-        first = node.pipe
+        ledger, node, first = await warm(client)
         first.transport.pause_reading()  # it will not hear the close: as if it never came
         await admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
         monkeypatch.setattr(pipe_module, "IDLE_CHECK_S", 0.0)
