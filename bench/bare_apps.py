@@ -2,7 +2,8 @@
 gateway in it.
 
 * ``fixed``: a bare Starlette app that reads the POST and answers a fixed 1-token completion.
-* ``httpx``, ``httpx_aiohttp``, ``aiohttp``, ``httpx2``, ``http11`` (the gateway's own client):
+* ``httpx``, ``httpx_aiohttp``, ``aiohttp``, ``httpx2``, ``transport`` (the gateway's own,
+  ``make_transport()``):
   bare Starlette proxies that forward
   the POST to ``BARE_UPSTREAM`` (the mock's ``/v1/chat/completions``) over one HTTP client
   and relay the answer: read whole when the request is not streamed, chunk by chunk (as the
@@ -31,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-KINDS = ("fixed", "httpx", "httpx_aiohttp", "aiohttp", "httpx2", "http11")
+KINDS = ("fixed", "httpx", "httpx_aiohttp", "aiohttp", "httpx2", "transport")
 HEADERS = {"content-type": "application/json"}
 TIMEOUT_S = 60.0
 FIXED = {
@@ -92,8 +93,8 @@ def _aiohttp(session: Any, upstream: str) -> Relay:
     return relay
 
 
-def _http11(transport: Any, upstream: str) -> Relay:
-    """Relay over the gateway's own HTTP/1.1 client (hardcap_core/providers/http11.py)."""
+def _transport(transport: Any, upstream: str) -> Relay:
+    """Relay over the gateway's own transport (aiohttp with the gateway's policy on top)."""
     from hardcap_core.providers.transport import UpstreamRequest
 
     async def relay(body: bytes, stream: bool) -> Response:
@@ -117,11 +118,11 @@ def _http11(transport: Any, upstream: str) -> Relay:
 @asynccontextmanager
 async def _client(kind: str, upstream: str) -> AsyncIterator[Relay]:
     """The client ``kind`` names, open for the app's lifetime, as a relay function."""
-    if kind == "http11":
-        from hardcap_core.providers.http11 import Http11Transport
+    if kind == "transport":
+        from hardcap_core.providers.http import make_transport
 
-        own = Http11Transport()
-        yield _http11(own, upstream)
+        own = make_transport()
+        yield _transport(own, upstream)
         await own.aclose()
         return
     if kind == "aiohttp":

@@ -4,8 +4,8 @@ client (its TLS context included), each in a fresh process.
 Every run starts a new interpreter that imports asyncio and ssl first (the gateway has them
 anyway), then times the import of one client library and then the construction of its client
 on a running event loop: httpx 0.28, httpx2, httpx over the aiohttp transport (httpx-aiohttp),
-aiohttp, and the gateway's own HTTP/1.1 transport (hardcap_core.providers.http11, with its TLS
-context made as its first HTTPS connection makes it). Candidates take turns run by run.
+aiohttp, and the gateway's own transport over aiohttp (hardcap_core.providers.aiohttp_transport,
+its session and TLS context made as its first request makes them). Candidates take turns run by run.
 
 The libraries are looked up on ``--path`` (a folder ``pip install --target`` filled with wheels
 for the interpreter, as infra/Makefile does for the artifact, compiled with ``compileall
@@ -44,9 +44,9 @@ CANDIDATES: dict[str, tuple[str, str]] = {
         "c = httpx.AsyncClient(transport=httpx_aiohttp.AiohttpTransport())",
     ),
     "aiohttp": ("import aiohttp", "c = aiohttp.ClientSession()"),
-    "hardcap_http11": (
-        "import hardcap_core.providers.http11 as h",
-        "c = h.Http11Transport(); c._tls_context()",
+    "hardcap_transport": (
+        "import hardcap_core.providers.aiohttp_transport as h",
+        "c = h.AiohttpTransport(); c._client()",
     ),
 }
 

@@ -10,8 +10,8 @@ Redis clients (bench/redis_clients.py), cold start (bench/coldstart*.py).
 * ``asgi``: one request through a Starlette app with the gateway's middleware against calling
   the endpoint directly (what a hand-written router would save).
 * ``client``: one non-streamed POST to the mock upstream (its own process, pace 0), one at a
-  time on a uvloop loop, with the gateway's HTTP/1.1 client, aiohttp, httpx and httpx2 (those
-  installed), client CPU per request (the mock's work is not in it).
+  time on a uvloop loop, with the gateway's transport, a bare aiohttp session, httpx and
+  httpx2 (those installed), client CPU per request (the mock's work is not in it).
 
     PYTHONPATH=. python bench/levers.py            # ~1 min
     PYTHONPATH=. python bench/levers.py --quick    # seconds
@@ -189,16 +189,16 @@ async def _clients(url: str, n: int) -> dict[str, Any]:
     calls: dict[str, Callable[[], Awaitable[Any]]] = {}
     closers: list[Callable[[], Awaitable[Any]]] = []
 
-    from hardcap_core.providers.http11 import Http11Transport
+    from hardcap_core.providers.http import make_transport
     from hardcap_core.providers.transport import UpstreamRequest
 
-    own = Http11Transport()
+    own = make_transport()
     request = UpstreamRequest(url, headers, body, 10.0)
 
-    async def http11() -> None:
+    async def transport() -> None:
         assert (await own.send(request)).status == 200
 
-    calls["hardcap_http11"] = http11
+    calls["hardcap_transport"] = transport
     closers.append(own.aclose)
     with contextlib.suppress(ImportError):
         import aiohttp

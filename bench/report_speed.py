@@ -15,7 +15,7 @@ WRK_LABELS = {
     "httpx_aiohttp": "bare proxy over httpx + aiohttp transport",
     "aiohttp": "bare proxy over aiohttp",
     "httpx2": "bare proxy over httpx2",
-    "http11": "bare proxy over the gateway's HTTP/1.1 client",
+    "transport": "bare proxy over the gateway's transport (aiohttp + policy)",
     "gateway": "**the gateway** (one worker)",
 }
 
@@ -106,9 +106,9 @@ LEVER_ROWS = (
      "a Powertools Logger line", "the EMF line carrying the log fields", "the EMF line"),
     ("asgi", "starlette_with_middleware_us", "direct_endpoint_us", "routing a request",
      "Starlette + middleware", "calling the endpoint", "Starlette: ~20 µs of ~2 ms"),
-    ("client", "aiohttp_cpu_us", "hardcap_http11_cpu_us", "client CPU per upstream POST",
-     "aiohttp (httpx {httpx_cpu_us}, httpx2 {httpx2_cpu_us})", "the gateway's HTTP/1.1 client",
-     "the HTTP/1.1 client"),
+    ("client", "aiohttp_cpu_us", "hardcap_transport_cpu_us", "client CPU per upstream POST",
+     "a bare aiohttp session (httpx {httpx_cpu_us}, httpx2 {httpx2_cpu_us})",
+     "the gateway's transport (aiohttp + its checks)", "the gateway's transport (issue 19)"),
 )  # fmt: skip
 
 

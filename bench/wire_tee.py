@@ -1,6 +1,6 @@
 """What the provider said, read off the wire between the gateway and the provider, for
-bench/live_providers.py: a transport wrapping the gateway's own HTTP/1.1 client that keeps the
-last reply's body, and the usage that body reports (OpenAI's or Anthropic's shape, JSON or
+bench/live_providers.py: a transport wrapping the gateway's own (``make_transport()``) that
+keeps the last reply's body, and the usage that body reports (OpenAI's or Anthropic's shape, JSON or
 SSE)."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from hardcap_core.providers.http11 import Http11Transport
+from hardcap_core.providers.http import make_transport
 from hardcap_core.providers.transport import Reply, UpstreamRequest
 
 
 class Tee:
-    """The gateway's transport to providers (its own HTTP/1.1 client), keeping the body of the
-    last reply it relayed, as the provider sent it (after any content decoding)."""
+    """The gateway's transport to providers, keeping the body of the last reply it relayed, as
+    the provider sent it (after any content decoding)."""
 
     def __init__(self) -> None:
-        self.inner = Http11Transport()
+        self.inner = make_transport()
         self.last = b""
 
     async def send(self, request: UpstreamRequest) -> Reply:

@@ -71,9 +71,9 @@ from hardcap_core.local.valkey import LocalValkey, free_port
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 TENANT = "bench"
-TARGETS = ("direct", "bare", "httpx", "httpx_aiohttp", "aiohttp", "httpx2", "http11", "gateway")
+TARGETS = ("direct", "bare", "httpx", "httpx_aiohttp", "aiohttp", "httpx2", "transport", "gateway")
 # (and gateway_base, with --base-tree)
-PROXIES = ("httpx", "httpx_aiohttp", "aiohttp", "httpx2", "http11")
+PROXIES = ("httpx", "httpx_aiohttp", "aiohttp", "httpx2", "transport")
 KINDS = ("latency", "saturation", "stream")
 CONTENDED = 0.25  # share of the machine other processes took during a block: run it again
 RETRIES_CONTENDED = 3

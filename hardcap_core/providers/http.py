@@ -37,9 +37,9 @@ def make_transport() -> Transport:
     """The process-wide transport: pooled keep-alive connections to every provider. Its TLS
     context (~30 ms: loading the CA bundle) is made by the first HTTPS request, or before a
     SnapStart snapshot (:meth:`Transport.prepare`)."""
-    from hardcap_core.providers.http11 import Http11Transport
+    from hardcap_core.providers.aiohttp_transport import AiohttpTransport
 
-    return Http11Transport()
+    return AiohttpTransport()
 
 
 def transport_error(upstream: str, e: TransportError) -> GatewayError:
@@ -140,6 +140,11 @@ async def _sse_reads(
             yield [decode(data) for data in parser.feed(piece)]
     except TransportError as e:
         raise stream_error(e) from e
+    except sse.EventTooLarge as e:
+        # A line with no end, or an event without a blank line after it: nothing more of this
+        # stream can be read, and holding more of it would grow memory without a bound.
+        logger.warning("stream failed", extra={"error": "EventTooLarge", "detail": str(e)})
+        raise UpstreamMalformed("The provider sent an event larger than the gateway reads.") from e
     tail = [decode(data) for data in parser.flush()]
     if tail:
         yield tail

@@ -1,7 +1,7 @@
 """How a provider's request reaches its upstream: the transport interface and its errors.
 
 A provider builds an :class:`UpstreamRequest` and hands it to a :class:`Transport`; the gateway
-ships :class:`~hardcap_core.providers.http11.Http11Transport`, and tests inject
+ships :class:`~hardcap_core.providers.aiohttp_transport.AiohttpTransport`, and tests inject
 :class:`CallbackTransport` (an answer computed in-process) instead of patching anything. A
 transport raises only the :class:`TransportError` kinds below; what a client sees for each is
 decided once, in :mod:`hardcap_core.providers.http`.
@@ -15,12 +15,21 @@ from dataclasses import dataclass
 from typing import Protocol
 
 CONNECT_TIMEOUT_S = 10.0  # to open a connection; what comes after is the request's timeout
+# The most decoded body a whole reply may have: a chat completion is kilobytes (megabytes with
+# audio); past this it is a hostile or broken upstream (a decompression bomb, an endless body).
+MAX_REPLY_BYTES = 32 << 20
+# Response headers: aiohttp's default for a status or header line; a field (name and value)
+# twice that, for providers' long rate-limit and tracing headers; and at most this many.
+MAX_HEADER_LINE_BYTES = 8190
+MAX_HEADER_FIELD_BYTES = 16384
+MAX_HEADERS = 128
 
 
 @dataclass(frozen=True, slots=True)
 class UpstreamRequest:
-    """A POST to an upstream: ``timeout_s`` bounds each wait for the upstream's next bytes
-    (the connection has its own, shorter, connect timeout)."""
+    """A POST to an upstream. ``timeout_s``: the deadline of a whole reply
+    (:meth:`Transport.send`), or of each wait for a stream's next bytes
+    (:meth:`Transport.stream`); opening the connection has its own, shorter, timeout."""
 
     url: str
     headers: Mapping[str, str]
@@ -54,7 +63,8 @@ class StreamReply(Protocol):
 
 class Transport(Protocol):
     async def send(self, request: UpstreamRequest) -> Reply:
-        """Send ``request`` and read its whole reply."""
+        """Send ``request`` and read its whole reply (at most :data:`MAX_REPLY_BYTES`, all of
+        it within ``timeout_s``)."""
         ...
 
     def stream(self, request: UpstreamRequest) -> AbstractAsyncContextManager[StreamReply]:
@@ -87,7 +97,8 @@ class ConnectionLost(TransportError):
 
 
 class BadResponse(TransportError):
-    """Bytes that are not HTTP/1.1, or a body in an encoding the gateway cannot decode."""
+    """Bytes that are not HTTP/1.1, a reply past the size limits, or a body in an encoding the
+    gateway cannot decode."""
 
 
 Answer = Callable[[UpstreamRequest], Reply | tuple[int, Mapping[str, str], Sequence[bytes]]]

@@ -3,7 +3,7 @@ never raise, and the body sent upstream carries the route's model and the gatewa
 
 The upstream is a :class:`~hardcap_core.providers.transport.CallbackTransport`: the transport
 is what a provider is given, so this is the provider's own code path end to end. (How the real
-transport frames and decodes bytes is tested in tests/functional/test_http11.py.)
+transport frames and decodes bytes is tested in tests/functional/test_transport_conformance.py.)
 """
 
 from __future__ import annotations
