@@ -140,14 +140,17 @@ class AiohttpTransport:
 
     async def send(self, request: UpstreamRequest) -> Reply:
         timeout = aiohttp.ClientTimeout(total=request.timeout_s, connect=self.connect_timeout_s)
+        status = 0
         try:
             async with self._post(request, timeout) as response:
                 status, headers = _head(response)
                 body = await _read_capped(response, self.max_reply_bytes)
-        except TransportError:
-            raise
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
-            raise _translate(e) from e
+        except (TransportError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
+            error = e if isinstance(e, TransportError) else _translate(e)
+            error.answered = 200 <= status < 400
+            if error is e:
+                raise
+            raise error from e
         return Reply(status, headers, body)
 
     @asynccontextmanager

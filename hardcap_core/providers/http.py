@@ -89,6 +89,12 @@ async def send_json(transport: Transport, request: UpstreamRequest, route: str) 
     try:
         reply = await transport.send(request)
     except TransportError as e:
+        if e.answered:
+            # It answered 200 and then broke off, stalled past the deadline or sent more than a
+            # reply can be: it generated (and bills) the reply, which is charged, not retried.
+            raise UpstreamMalformed(
+                f"The provider for '{route}' began its reply but did not deliver it whole."
+            ) from e
         raise transport_error(route, e) from e
     if reply.status >= 400:
         raise status_error(route, reply.status, reply.body)

@@ -83,6 +83,10 @@ class Transport(Protocol):
 class TransportError(Exception):
     """The upstream could not be reached, or its connection failed."""
 
+    #: The upstream had answered a success status before this failure: its reply began, so it
+    #: generated (and bills) what the request asked for; nothing may be sent again elsewhere.
+    answered: bool = False
+
 
 class ConnectFailed(TransportError):
     """No connection to the upstream (refused, unresolvable, TLS failed, connect timed out)."""
