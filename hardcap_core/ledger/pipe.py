@@ -8,14 +8,23 @@ calls in flight share the connection, their replies come back in order, and whil
 flight the ones made in one turn of the event loop go out in one write.
 
 Everything else stays with redis-py, and so do the edges: the URL, credentials and TLS settings
-are read off the redis-py client; a cluster's slot map is redis-py's; a call that meets
-``NOSCRIPT``, ``MOVED``, ``ASK`` or ``TRYAGAIN``, or a connection that breaks before it is
-answered, is sent again through redis-py's script object, which loads the script, follows the
-redirect or retries as it always has (every script is safe to send twice: docs/design.md); a
-script the node does not know is loaded over the pipe first. Other
-error replies become redis-py's exception classes, so :func:`.connection.guarded` translates
-them as before. A call not answered within the socket timeout fails with redis-py's
-TimeoutError and closes the connection (the server is hung: its fail mode decides quickly).
+are read off the redis-py client (the TLS context is built by redis-py's own code); a cluster's
+slot map is redis-py's; a call that meets ``NOSCRIPT``, ``MOVED``, ``ASK`` or ``TRYAGAIN``, or a
+connection that breaks before it is answered, is sent again through redis-py's script object,
+which loads the script, follows the redirect or retries as it always has (every script is safe
+to send twice: docs/design.md); a script the node does not know is loaded over the pipe first.
+Other error replies become redis-py's exception classes, so :func:`.connection.guarded`
+translates them as before.
+
+A call not answered within the socket timeout fails alone, with redis-py's TimeoutError (its
+tenant's fail mode decides); the calls behind it go on waiting for their own replies, and its
+reply, when it comes, is dropped in its place in the order. The call may still have run: an
+admit that ran after its "not after" time reserves nothing (ledger/client.py), one that ran in
+time but answered late keeps its hold until the hold expires and is charged then, as any
+unsettled hold is (docs/design.md, "Failure modes"). The connection is given up, failing every
+call on it, only when the server is clearly hung (:data:`HUNG_AFTER`, :data:`MAX_LATE`). A
+login the server refuses is one AuthenticationError, not handed back to redis-py (which would
+log in again), and the node waits :data:`LOGIN_RETRY_S` before it tries again.
 """
 
 from __future__ import annotations
@@ -30,9 +39,9 @@ from typing import Any, cast
 import hiredis
 from redis._parsers.base import BaseParser
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.connection import SSLConnection
+from redis.asyncio.connection import RedisSSLContext, SSLConnection
 from redis.crc import key_slot
-from redis.exceptions import AuthenticationError, ResponseError
+from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -42,6 +51,22 @@ HANDED_BACK = ("NOSCRIPT", "MOVED", "ASK", "TRYAGAIN")
 # health_check_interval does): a cache that dropped it meanwhile (a frozen Lambda environment,
 # an idle timeout) costs one round trip, not a failed call.
 IDLE_CHECK_S = 30.0
+# A server clearly hung: not one byte from it for this many call timeouts while calls wait on
+# the connection. A script answers in well under a millisecond, so one late call is a pause (a
+# slow script, a fork, a lost packet resent) and fails alone; a whole second timeout of silence
+# is a frozen process or a connection that died without a word (a failover, a NAT that forgot
+# it), which only a new connection gets past.
+HUNG_AFTER = 2.0
+# Or this many calls past their deadline and still unanswered: a server that trickles replies
+# this far behind is not serving this connection either. Each late call keeps its place in the
+# reply order until its reply comes, so this also bounds what a connection holds for them.
+MAX_LATE = 256
+# After the server refused the login, calls to that node fail at once for this long instead of
+# logging in again: a wrong password or token does not mend within a request, a burst would
+# otherwise send a failed login per call (handed to redis-py, 16 admits made 64: its own login
+# and retries), and the tenant's fail mode answers sooner without the round trip. One second
+# still picks up mended credentials (a rotated secret, an IAM policy that propagated) quickly.
+LOGIN_RETRY_S = 1.0
 
 
 def pack(parts: Sequence[Any]) -> bytes:
@@ -54,20 +79,24 @@ def pack(parts: Sequence[Any]) -> bytes:
 
 
 class Pipe(asyncio.Protocol):
-    """One connection: commands written as they come, futures resolved in reply order. A call
-    not answered within ``timeout_s`` closes it (one timer per connection, not per call: the
-    replies come in order, so only the oldest call in flight can be the first late one)."""
+    """One connection: commands written as they come, futures resolved in reply order. One
+    timer per connection, not per call: every call has the same timeout and the replies come
+    in order, so the calls past their deadline are always the oldest ones."""
 
     def __init__(self, timeout_s: float) -> None:
         self.reader = hiredis.Reader()
         self.timeout_s = timeout_s
-        # Each call in flight, with the time by which its reply is due.
+        # Each call in flight in reply order, with the time by which its reply is due. The
+        # first `late` of them are past it: their callers were told, their replies are dropped.
         self.waiting: collections.deque[tuple[asyncio.Future[Any], float]] = collections.deque()
+        self.late = 0
         self.outbox: list[bytes] = []  # commands not written yet (see send)
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.opened_at = time.monotonic()
         self.used_at = self.opened_at
+        # Since when the server has been silent while owing replies (see HUNG_AFTER).
+        self.heard_at = self.opened_at
         self._watch: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -75,13 +104,16 @@ class Pipe(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        self.heard_at = time.monotonic()
         self.reader.feed(data)
         while (reply := self.reader.gets()) is not False:
             if not self.waiting:
                 self.close(RedisConnectionError("the cache sent a reply nobody asked for"))
                 return
             future, _ = self.waiting.popleft()
-            if not future.done():  # a caller that was cancelled meanwhile: dropped
+            if self.late:
+                self.late -= 1
+            if not future.done():  # a late call, or a caller cancelled meanwhile: dropped
                 future.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -99,6 +131,8 @@ class Pipe(asyncio.Protocol):
         future = loop.create_future()
         idle = not self.waiting
         now = self.used_at = time.monotonic()
+        if idle:
+            self.heard_at = now  # the server owed nothing until now
         self.waiting.append((future, now + self.timeout_s))
         if self._watch is None:
             self._watch = loop.call_later(self.timeout_s, self._check_late)
@@ -111,14 +145,28 @@ class Pipe(asyncio.Protocol):
         return future
 
     def _check_late(self) -> None:
+        """Fail each call past its deadline, alone; give the connection up once the server is
+        clearly hung."""
         self._watch = None
         if self.closed or not self.waiting:
             return
-        late = self.waiting[0][1] - time.monotonic()
-        if late <= 0:
-            self.close(RedisTimeoutError(f"the cache did not answer within {self.timeout_s:g} s"))
+        now, waiting = time.monotonic(), self.waiting
+        while self.late < len(waiting) and waiting[self.late][1] <= now:
+            future = waiting[self.late][0]
+            self.late += 1
+            if not future.done():
+                late = RedisTimeoutError(f"the cache did not answer within {self.timeout_s:g} s")
+                future.set_exception(late)
+        hung_s = HUNG_AFTER * self.timeout_s
+        if now - self.heard_at >= hung_s:
+            self.close(RedisTimeoutError(f"the cache sent nothing for {hung_s:g} s: hung"))
+        elif self.late > MAX_LATE:
+            self.close(RedisTimeoutError(f"the cache left {self.late} calls unanswered: hung"))
         else:
-            self._watch = asyncio.get_running_loop().call_later(late, self._check_late)
+            due = self.heard_at + hung_s
+            if self.late < len(waiting):
+                due = min(due, waiting[self.late][1])
+            self._watch = asyncio.get_running_loop().call_later(due - now, self._check_late)
 
     def _flush(self) -> None:
         if self.closed or self.transport is None or not self.outbox:
@@ -138,6 +186,7 @@ class Pipe(asyncio.Protocol):
             future, _ = self.waiting.popleft()
             if not future.done():
                 future.set_exception(error)
+        self.late = 0
         if self.transport is not None:
             self.transport.abort()
 
@@ -145,7 +194,9 @@ class Pipe(asyncio.Protocol):
 class Node:
     """A cache node's address and how to log in; opens its :class:`Pipe` on first use, and
     again once it broke, or is older than ``max_age_s`` (IAM auth: ElastiCache drops such a
-    connection after 12 hours, and a new one presents a fresh token)."""
+    connection after 12 hours). Credentials are asked of the client's credential provider at
+    each opening, never kept here, so a new connection presents the provider's current token
+    (an IAM token expires after 15 minutes)."""
 
     def __init__(
         self, kwargs: dict[str, Any], *, tls: bool, timeout_s: float, max_age_s: float | None
@@ -159,6 +210,8 @@ class Node:
         self.max_age_s = max_age_s
         self.pipe: Pipe | None = None
         self._opening: asyncio.Lock | None = None
+        # The last refused login and when (see LOGIN_RETRY_S).
+        self._refused: tuple[str, float] | None = None
 
     async def call(self, command: bytes) -> Any:
         """Send ``command`` and wait for its reply (an error reply is returned, not raised)."""
@@ -179,6 +232,12 @@ class Node:
             pipe, now = self.pipe, time.monotonic()
             if pipe is not None and not pipe.closed and not self._stale(pipe, now):
                 return pipe
+            if self._refused is not None and now - self._refused[1] < LOGIN_RETRY_S:
+                # The callers that queued behind a refused login learn it here, at no cost.
+                raise AuthenticationError(
+                    f"the cache at {self.where} refused the login {now - self._refused[1]:.2f}"
+                    f" s ago, tried again after {LOGIN_RETRY_S:g} s: {self._refused[0]}"
+                )
             if pipe is not None and not pipe.closed:
                 if self.max_age_s is None or now - pipe.opened_at < self.max_age_s:
                     # Idle only: a PING tells whether the cache still holds it.
@@ -188,7 +247,12 @@ class Node:
                     except (RedisConnectionError, RedisTimeoutError):
                         pass
                 pipe.close(RedisConnectionError("connection to the cache replaced"))
-            self.pipe = await self._connect()
+            try:
+                self.pipe = await self._connect()
+            except AuthenticationError as e:
+                self._refused = (str(e), time.monotonic())
+                raise
+            self._refused = None
             return self.pipe
 
     async def _connect(self) -> Pipe:
@@ -229,9 +293,11 @@ class Node:
     async def _handshake_reply(self, pipe: Pipe, command: bytes) -> Any:
         reply = await pipe.send(command)
         if isinstance(reply, hiredis.ReplyError):
-            error = reply_error(reply)
-            if isinstance(error, ResponseError) and str(reply).startswith(("WRONGPASS", "NOAUTH")):
-                raise AuthenticationError(str(reply)) from error
+            error = reply_error(reply)  # WRONGPASS, NOAUTH ...: redis-py's AuthenticationError
+            if isinstance(error, AuthenticationError):
+                raise AuthenticationError(
+                    f"the cache at {self.where} refused the login: {reply}"
+                ) from error
             raise error
         return reply
 
@@ -298,7 +364,9 @@ class PipedScript:
                 # here, or a cold burst would open a redis-py connection per call.
                 await node.call(pack(("SCRIPT", "LOAD", self.slow.script)))
                 reply = await node.call(command)
-        except RedisTimeoutError:
+        except (RedisTimeoutError, AuthenticationError):
+            # Not handed back: redis-py would wait out a second timeout, or log in again with
+            # the same credentials (AuthenticationError is a ConnectionError to redis-py).
             raise
         except RedisConnectionError:
             # Broken before it was answered (it may have run: every script is safe twice).
@@ -317,19 +385,20 @@ def reply_error(reply: hiredis.ReplyError) -> Exception:
 
 
 def tls_context(kwargs: dict[str, Any]) -> ssl.SSLContext:
-    """The TLS settings redis-py would use for these connection arguments (``rediss://``)."""
-    reqs = kwargs.get("ssl_cert_reqs", "required")
-    modes = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
-    mode: ssl.VerifyMode = modes[reqs] if isinstance(reqs, str) else reqs
-    context = ssl.create_default_context(
-        cafile=kwargs.get("ssl_ca_certs"),
-        capath=kwargs.get("ssl_ca_path"),
-        cadata=kwargs.get("ssl_ca_data"),
-    )
-    context.check_hostname = bool(kwargs.get("ssl_check_hostname", True)) and mode != ssl.CERT_NONE
-    context.verify_mode = mode
-    if kwargs.get("ssl_certfile"):
-        context.load_cert_chain(
-            kwargs["ssl_certfile"], kwargs.get("ssl_keyfile"), kwargs.get("ssl_password")
-        )
-    return context
+    """The TLS context redis-py's SSLConnection would use for these connection arguments
+    (``rediss://``, ``ssl=True``): built by redis-py's own RedisSSLContext, with SSLConnection's
+    defaults (verify the certificate and the host name) for the arguments not given."""
+    return RedisSSLContext(
+        keyfile=kwargs.get("ssl_keyfile"),
+        certfile=kwargs.get("ssl_certfile"),
+        cert_reqs=kwargs.get("ssl_cert_reqs", "required"),
+        include_verify_flags=kwargs.get("ssl_include_verify_flags"),
+        exclude_verify_flags=kwargs.get("ssl_exclude_verify_flags"),
+        ca_certs=kwargs.get("ssl_ca_certs"),
+        ca_data=kwargs.get("ssl_ca_data"),
+        ca_path=kwargs.get("ssl_ca_path"),
+        check_hostname=kwargs.get("ssl_check_hostname", True),
+        min_version=kwargs.get("ssl_min_version"),
+        ciphers=kwargs.get("ssl_ciphers"),
+        password=kwargs.get("ssl_password"),
+    ).get()
