@@ -51,7 +51,9 @@ def free_port(*, with_bus: bool = False) -> int:
     """A free port on 127.0.0.1; ``with_bus`` also needs port + 10000 free (the cluster bus)."""
     rng = random.Random()
     for _ in range(200):
-        port = rng.randrange(20000, 50000)
+        # Below Linux's ephemeral range (32768-60999), bus port included: a port the kernel
+        # hands to an outgoing connection meanwhile would take it before the server binds it.
+        port = rng.randrange(11000, 22700)
         try:
             for p in (port, port + 10000) if with_bus else (port,):
                 with socket.socket() as s:
