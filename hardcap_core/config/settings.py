@@ -18,6 +18,16 @@ from hardcap_core.errors import ConfigError
 
 EstimatorKind = Literal["max_tokens", "fixed", "p95"]
 
+# The longest wait a refusal lets the official SDKs sleep through inside one call; a longer one
+# comes with `x-should-retry: false` next to its Retry-After (gateway/answers.py). Why 60 s:
+# the `anthropic` SDK (2.15) sleeps whatever Retry-After says (up to 2**32 ms), once per retry,
+# 2 retries by default, so a day's wait hung `messages.create` for days; the `openai` SDK
+# (3.57) honours up to 120 s and gives up above it; both SDKs honoured only 0 < s <= 60 before
+# (Stainless's bound, which code written against them expects). At 60 s a call sleeps at most
+# 2 minutes by default, and every wait of a per-minute rate limit (60-second windows) stays
+# retryable. Not a config field: it is set by what the SDKs do, not by a deployment.
+SDK_RETRY_AFTER_MAX_SECONDS = 60
+
 
 @dataclass(frozen=True, slots=True)
 class BreakerSettings:

@@ -6,6 +6,7 @@ from typing import Any
 
 from hardcap_core.budgets import NANO_USD_PER_USD, Dimension, Prices
 from hardcap_core.config import Config, Principal
+from hardcap_core.config.settings import SDK_RETRY_AFTER_MAX_SECONDS
 from hardcap_core.errors import TooManyRequests
 from hardcap_core.ledger import Admitted, Refusal, Refused, UsageRow
 from hardcap_core.ledger.breakers import Breakers
@@ -53,16 +54,30 @@ def usage_row(row: UsageRow) -> dict[str, Any]:
     return out
 
 
+def retry_headers(retry_after_ms: int) -> dict[str, str]:
+    """``Retry-After`` (whole seconds, rounded up), ``retry-after-ms``, and ``x-should-retry``:
+    ``true`` for a wait the official SDKs may sleep through inside one call, ``false`` above
+    :data:`SDK_RETRY_AFTER_MAX_SECONDS` (the anthropic SDK would sleep for as long as it is
+    told, a day included; the wait stays in Retry-After for the caller to schedule)."""
+    ms = max(retry_after_ms, 1)
+    retryable = ms <= SDK_RETRY_AFTER_MAX_SECONDS * 1000
+    return {
+        "retry-after": str(-(-ms // 1000)),
+        "retry-after-ms": str(ms),
+        "x-should-retry": "true" if retryable else "false",
+    }
+
+
 def refusal(r: Refused, wire: WireFormat) -> TooManyRequests:
     headers = wire.budget_headers(r.budgets, r.rates, r.server_time_ms)
     if r.never_fits:
         # Larger than the whole budget: no wait helps, so no Retry-After, and the official
-        # SDKs are told not to retry.
+        # SDKs are told not to retry (for a 429 without one they would back off and retry).
         headers["x-should-retry"] = "false"
-        return TooManyRequests(r.message, code=r.reason.value, headers=headers)
-    retry_s = max(1, -(-r.retry_after_ms // 1000))
-    headers["retry-after"] = str(1 if r.reason is Refusal.BUSY else retry_s)
-    headers["retry-after-ms"] = str(r.retry_after_ms)
+    else:
+        # busy: the holds in flight settle within about a second (retry_after_ms is 1000).
+        wait_ms = 1000 if r.reason is Refusal.BUSY else r.retry_after_ms
+        headers.update(retry_headers(wait_ms))
     return TooManyRequests(r.message, code=r.reason.value, headers=headers)
 
 

@@ -1,4 +1,10 @@
-"""``x-request-id`` on every response, the gateway's own routes and its 404s and 405s alike.
+"""The request's id on every response, the gateway's own routes and its 404s and 405s alike,
+under two names: ``x-request-id`` (which a client may send, and the OpenAI SDKs read) and
+``request-id`` (which the Anthropic SDKs read: ``Message._request_id``,
+``APIStatusError.request_id``). Both on every route rather than ``request-id`` on the Anthropic
+paths alone: the middleware runs before routing and needs no list of paths (a 404 under
+``/v1/messages`` or Anthropic's ``models.list`` on ``/v1/models`` get it too), and the same
+value under both names cannot disagree.
 
 A client's id is kept when it is a short plain token (so a client can correlate its logs with
 ours); anything else, e.g. a megabyte of text, is replaced by a fresh id, so it never reaches
@@ -13,7 +19,9 @@ import uuid
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 HEADER = "x-request-id"
+ANTHROPIC_HEADER = "request-id"
 MAX_LENGTH = 128
+_NAMES = (HEADER.encode(), ANTHROPIC_HEADER.encode())
 _SAFE = re.compile(rf"^[A-Za-z0-9._:\-]{{1,{MAX_LENGTH}}}$")
 
 
@@ -47,12 +55,12 @@ class RequestIdMiddleware:
                 break
         rid = choose(presented)
         scope.setdefault("state", {})["request_id"] = rid
-        raw = (HEADER.encode(), rid.encode())
+        ids = [(name, rid.encode()) for name in _NAMES]
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = [h for h in message.get("headers", []) if h[0].lower() != raw[0]]
-                message = {**message, "headers": [*headers, raw]}
+                headers = [h for h in message.get("headers", []) if h[0].lower() not in _NAMES]
+                message = {**message, "headers": [*headers, *ids]}
             await send(message)
 
         await self.app(scope, receive, send_with_id)

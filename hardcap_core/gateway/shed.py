@@ -5,9 +5,10 @@ costs the tenant nothing. Streams already admitted go on untouched; refusing new
 lets their extends and settles run on time again (docs/design.md, "Shedding load").
 
 The refusal is a 503 ``overloaded`` with ``Retry-After`` (whole seconds), ``retry-after-ms``
-and ``x-should-retry: true``, which the official OpenAI and Anthropic SDKs read to retry after
-that long. The warning it logs is rate-limited: one line per ``log_every_s`` at most, counting
-the requests shed since the last one.
+and ``x-should-retry: true`` (the refusals' own rule, :func:`retry_headers`: the hold is a
+second, well within what the SDKs may sleep), which the official OpenAI and Anthropic SDKs
+read to retry after that long. The warning it logs is rate-limited: one line per
+``log_every_s`` at most, counting the requests shed since the last one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from hardcap_core.errors import Overloaded
+from hardcap_core.gateway.answers import retry_headers
 from hardcap_core.gateway.loop_lag import LoopLag
 from hardcap_core.logs import logger
 
@@ -36,12 +38,7 @@ class Shedder:
         self._clock = clock
         self._unlogged = 0  # requests shed since the last warning
         self._logged_at = -math.inf
-        retry_ms = max(int(lag.hold_s * 1000), 1)
-        self.headers = {
-            "retry-after": str(max(1, math.ceil(retry_ms / 1000))),
-            "retry-after-ms": str(retry_ms),
-            "x-should-retry": "true",
-        }
+        self.headers = retry_headers(int(lag.hold_s * 1000))
 
     def check(self) -> None:
         """Raise :class:`Overloaded` while the loop lags; otherwise return at once."""

@@ -30,16 +30,20 @@ def root(base: str) -> str:
         ("GET", "/v1/chat/completions", 405),
         ("POST", "/v1/chat/completions", 400),
         ("GET", "/v1/hardcap/usage", 200),
+        ("POST", "/v1/messages", 400),
+        ("GET", "/v1/messages", 405),
+        ("POST", "/v1/messages/batches", 404),
     ],
 )
 def test_every_response_has_a_request_id(base: str, method: str, path: str, status: int) -> None:
     r = httpx.request(method, root(base) + path, headers=AUTH, content=b"{}")
     assert r.status_code == status
     assert len(r.headers["x-request-id"]) == 32  # a fresh uuid4 hex
+    assert r.headers["request-id"] == r.headers["x-request-id"]  # the name Anthropic's SDKs read
     echoed = httpx.request(
         method, root(base) + path, headers={**AUTH, "x-request-id": "client-42.a:b"}, content=b"{}"
     )
-    assert echoed.headers["x-request-id"] == "client-42.a:b"
+    assert echoed.headers["x-request-id"] == echoed.headers["request-id"] == "client-42.a:b"
 
 
 def test_an_oversized_or_odd_request_id_is_replaced_not_echoed(base: str) -> None:

@@ -218,6 +218,7 @@ def test_rate_limited(valkey: LocalValkey, mock: Mock, sdk: Callable[..., openai
         headers = limited.value.response.headers
         assert headers["x-ratelimit-remaining-requests"] == "0"
         assert 1 <= int(headers["retry-after"]) <= 60
+        assert headers["x-should-retry"] == "true"  # a minute at most: the SDK may sleep it
 
 
 def test_provider_errors_map_to_502_and_504_and_charge_nothing(

@@ -141,6 +141,7 @@ def test_a_lagging_gateway_sheds_new_requests_and_finishes_the_running_stream(
         "overloaded",
     )
     assert r.headers["x-should-retry"] == "true"
+    assert r.headers["request-id"] == r.headers["x-request-id"]
 
     # The official SDK sees a retryable server error.
     with openai.OpenAI(base_url=base, api_key=KEYS["beta"], max_retries=0) as client:
