@@ -7,6 +7,10 @@ that are not UTF-8 become U+FFFD rather than failing the stream; an event's ``da
 the event if it has any data. Comments and the other fields (``event``, ``id``, ``retry``)
 are skipped. Unlike a browser, :meth:`SSEParser.flush` still delivers an event the provider
 did not terminate with a blank line before closing.
+
+Memory is bounded whatever the provider sends: a line, and the event being assembled (its data
+lines plus the line still without its end), may hold at most :data:`MAX_EVENT_BYTES`; past it
+:meth:`SSEParser.feed` raises :class:`EventTooLarge`.
 """
 
 from __future__ import annotations
@@ -17,10 +21,22 @@ from typing import Any
 from hardcap_core import json_codec
 
 DONE = "[DONE]"
+# A line, or an event's data lines plus its unterminated line, past this is refused: a chat
+# chunk is a few hundred bytes; a whole tool call's arguments in one event, some kilobytes.
+MAX_EVENT_BYTES = 1 << 20
 
 _BOM = b"\xef\xbb\xbf"
 _LF = 0x0A
 _CR = 0x0D
+
+
+class EventTooLarge(ValueError):
+    """The provider sent a line or an event larger than :data:`MAX_EVENT_BYTES`."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            f"the provider sent an SSE line or event larger than {MAX_EVENT_BYTES} bytes"
+        )
 
 
 class SSEParser:
@@ -31,62 +47,100 @@ class SSEParser:
     """
 
     def __init__(self) -> None:
-        self._buffer = b""  # the start of a line whose end has not arrived yet
+        # The start of a line whose end has not arrived yet, in the pieces it came in: an
+        # endless line is joined once, when its end comes (or never), not on every read.
+        self._partial: list[bytes] = []
+        self._partial_bytes = 0
         self._data: list[bytes] = []  # the data lines of the event in progress
+        self._held = 0  # their bytes, as they came (with the field name)
         self._at_start = True  # a BOM may still come
         self._after_cr = False  # the last line ended with CR: an LF next belongs to it
 
     def feed(self, chunk: bytes) -> Iterator[str]:
-        """The data of each event this read completes; a partial line waits for the next."""
+        """The data of each event this read completes; a partial line waits for the next.
+
+        Raises :class:`EventTooLarge` once a line or the event in progress is past
+        :data:`MAX_EVENT_BYTES` (the stream cannot be parsed further).
+        """
         if not chunk:
             return iter(())
-        buf = self._buffer + chunk if self._buffer else chunk
+        if self._partial:
+            if _LF not in chunk and _CR not in chunk:
+                # The line goes on (CR and LF are the only line ends).
+                self._partial.append(chunk)
+                self._partial_bytes += len(chunk)
+                if self._held + self._partial_bytes > MAX_EVENT_BYTES:
+                    raise EventTooLarge()
+                return iter(())
+            partial = self._partial
+            buf = partial[0] + chunk if len(partial) == 1 else b"".join([*partial, chunk])
+            self._partial = []
+            self._partial_bytes = 0
+        else:
+            buf = chunk
         if self._after_cr:
             self._after_cr = False
             if buf[0] == _LF:
                 buf = buf[1:]
         if self._at_start:
             if len(buf) < len(_BOM) and _BOM.startswith(buf):
-                self._buffer = buf
+                self._partial = [buf]
+                self._partial_bytes = len(buf)
                 return iter(())
             self._at_start = False
             if buf.startswith(_BOM):
                 buf = buf[len(_BOM) :]
         if not buf:
-            self._buffer = b""
             return iter(())
+        # Nothing this read holds can pass the cap unless the event so far and all of it do:
+        # only then is each line checked.
+        check = self._held + len(buf) > MAX_EVENT_BYTES
         # bytes.splitlines breaks at exactly CRLF, LF and CR, the spec's line ends.
         lines = buf.splitlines()
         last = buf[-1]
         if last in (_LF, _CR):
-            self._buffer = b""
             self._after_cr = last == _CR
-        else:
-            self._buffer = lines.pop()
-        return iter(self._lines(lines))
+            return iter(self._lines(lines, check))
+        rest = lines.pop()
+        events = self._lines(lines, check) if lines else []
+        if check and self._held + len(rest) > MAX_EVENT_BYTES:
+            raise EventTooLarge()
+        self._partial = [rest]
+        self._partial_bytes = len(rest)
+        return iter(events)
 
     def flush(self) -> Iterator[str]:
         """What is left when the stream ends: the unterminated event, if it has data."""
-        lines = [self._buffer, b""] if self._buffer else [b""]
-        self._buffer = b""
+        rest = b"".join(self._partial)
+        self._partial = []
+        self._partial_bytes = 0
         self._after_cr = False
-        return iter(self._lines(lines))
+        return iter(self._lines([rest, b""] if rest else [b""], check=False))
 
-    def _lines(self, lines: list[bytes]) -> list[str]:
+    def _lines(self, lines: list[bytes], check: bool) -> list[str]:
         events: list[str] = []
         data = self._data
+        held = self._held
         for line in lines:
             if not line:
                 if data:
                     events.append(b"\n".join(data).decode("utf-8", "replace"))
                     data = []
-            elif line.startswith(b"data: "):
+                held = 0
+                continue
+            if check and held + len(line) > MAX_EVENT_BYTES:
+                raise EventTooLarge()
+            if line.startswith(b"data: "):
                 data.append(line[6:])
             elif line.startswith(b"data:"):
                 data.append(line[5:])
             elif line == b"data":
                 data.append(b"")
+            else:
+                continue
+            held += len(line)
         self._data = data
+        self._held = held
         return events
 
 

@@ -148,6 +148,7 @@ class Meter:
         # The provider's final usage report, once a read in hand carries it: nothing more is
         # generated, and that is what it bills, cut or not.
         self.final: Usage | None = None
+        self.whole = False  # a whole (non-streamed) reply: its usage is its final report
         self._refreshed = self._clock()
         self._pace = Pace(clock)
 
@@ -268,6 +269,7 @@ class Meter:
 
     def received_whole(self, tokens: int) -> None:
         """A whole (non-streamed) reply of ``tokens`` output tokens arrived and goes out."""
+        self.whole = True
         self._forward(tokens)
 
     def _forward(self, tokens: int) -> None:
@@ -328,21 +330,21 @@ class Meter:
     async def settle(self, outcome: Outcome, usage: Usage | None = None) -> None:
         """Charge the request once, by how it ended.
 
-        By :func:`.charge.settle_charge`: ``usage`` is the provider's report; a cut stream's is
-        the final report read before the cut, if any (:meth:`note_read`). Only completed
-        replies feed the output-length estimator; the charge and the sample go out together.
-        """
+        By :func:`.charge.settle_charge`: ``usage`` is the provider's last report, the bill if
+        final (a whole reply's, or read with the finish: :meth:`note_read`). Only completed
+        replies feed the output-length estimator; the charge and the sample go out together."""
         if self.settled:
             return
         self.settled = True
         self.outcome = outcome
+        self.charged_input, self.charged_output, cached, written = settle_charge(
+            outcome, usage, final=usage if self.whole else self.final,
+            input_estimate=self.input_estimate, received=self.seen + self.in_hand,
+            cut_output=self.cut_charge,
+        )  # fmt: skip
         if outcome.cut:
             usage = self.final
         estimated = outcome.cut and usage is None
-        self.charged_input, self.charged_output, cached, written = settle_charge(
-            outcome, usage, input_estimate=self.input_estimate,
-            received=self.seen + self.in_hand, cut_output=self.cut_charge,
-        )  # fmt: skip
         self.charged_cost = self.prices.cost(
             self.charged_input, self.charged_output, cached, written
         )

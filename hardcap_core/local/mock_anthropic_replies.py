@@ -2,12 +2,13 @@
 SSE events and whole `message` bodies, each billed token counted into the ground truth as it
 is handed to the server.
 
-A stream is `message_start` (input usage), then per content block `content_block_start`, its
-deltas and `content_block_stop` (a `ping` after the first block starts, as Anthropic sends
-one), then `message_delta` (stop_reason, cumulative output_tokens) and `message_stop`. A
-thinking block streams `thinking_delta` per billed thinking token and ends with an unbilled
-`signature_delta`; a tool_use block brings its name at `content_block_start` (unbilled, as
-Anthropic counts a call's input) and its input as `input_json_delta` fragments.
+A stream is `message_start` (input usage and, as Anthropic sends it, `output_tokens: 1`),
+then per content block `content_block_start`, its deltas and `content_block_stop` (a `ping`
+after the first block starts, as Anthropic sends one), then `message_delta` (stop_reason,
+cumulative output_tokens) and `message_stop`. A thinking block streams `thinking_delta` per
+billed thinking token and ends with an unbilled `signature_delta`; a tool_use block brings
+its name at `content_block_start` (unbilled, as Anthropic counts a call's input) and its
+input as `input_json_delta` fragments.
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ async def stream_messages(
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": usage(plan, 0),
+        # Anthropic's message_start counts one output token before any is streamed (its
+        # streaming guide's example says `"output_tokens": 1`); message_delta's cumulative
+        # count replaces it, so the ground truth, counted per streamed token, does not.
+        "usage": usage(plan, 1),
     }
     total = sum(len(pieces) for _, pieces in _blocks(plan))
     die, eof = (None if n is None else min(n, total) for n in (plan.die_after, plan.eof_after))

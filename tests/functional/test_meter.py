@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from hardcap_core.budgets import Dimension
+from hardcap_core.events import Usage
 from hardcap_core.gateway.meter import Meter, MeterSettings
 from hardcap_core.ledger import FREE, Admitted, Ledger
 from hardcap_core.ledger.estimators import MaxTokensEstimator
@@ -156,6 +157,36 @@ async def test_a_cut_charges_what_arrived_only_up_to_max_tokens_unless_more_piec
     await meter.settle(Outcome.TRUNCATED)
     remaining = {b.budget.dimension: b.remaining for b in meter.final_budgets}
     assert remaining[Dimension.OUTPUT_TOKENS] == 50 - charged
+
+
+@pytest.mark.parametrize(
+    ("outcome", "reported", "final", "charged"),
+    [
+        # Anthropic's message_start counts 1 output token; 50 stream; the stream drops before
+        # message_delta: charged what arrived, not that 1.
+        (Outcome.INCOMPLETE, Usage(25, 1), None, (25, 50)),
+        # Cut with no final report: the in-flight estimate, unless a running report says more.
+        (Outcome.CLIENT_GONE, Usage(25, 300), None, (25, 300)),
+        # A final report is the bill, even below the gateway's count of the text.
+        (Outcome.COMPLETED, Usage(25, 40), Usage(25, 40), (25, 40)),
+    ],
+    ids=["incomplete", "cut", "complete"],
+)
+async def test_a_running_report_is_a_floor_and_a_final_one_the_bill(
+    standalone_client: Any,
+    outcome: Outcome,
+    reported: Usage,
+    final: Usage | None,
+    charged: tuple[int, int],
+) -> None:
+    clock = Clock()
+    meter = await hold(standalone_client, budget=1000, reserve=100, clock=clock)
+    meter.note_read(0)
+    assert await stream_in_step(meter, clock, 50) == 50
+    if final is not None:
+        meter.note_read(0, final=final)  # the read that ends the reply with the report
+    await meter.settle(outcome, reported)
+    assert (meter.charged_input, meter.charged_output) == charged
 
 
 async def test_a_cut_after_a_hung_ledger_call_charges_what_the_provider_made_meanwhile() -> None:

@@ -82,17 +82,23 @@ def test_a_stream_of_thinking_then_text_in_anthropic_events(
         "metadata": {"user_id": "ben"},
     }
     names: list[str] = []
+    usages: list[dict[str, Any]] = []
     with mock.http.stream("POST", "/v1/messages", json=payload, headers=HEADERS) as r:
         for line in r.iter_lines():
             if line.startswith("data: "):
                 data = json.loads(line[6:])
                 names.append(data["delta"]["type"] if "index" in data and "delta" in data
                              else data["type"])  # fmt: skip
+                usage = data.get("usage") or (data.get("message") or {}).get("usage")
+                usages += [usage] if usage else []
     with sdk.messages.stream(**{k: v for k, v in payload.items() if k != "stream"}) as stream:
         final = stream.get_final_message()
     assert names[:3] == ["message_start", "content_block_start", "ping"]
     assert names.count("thinking_delta") == 7 and names.count("text_delta") == 5
     assert names.count("signature_delta") == 1 and names[-1] == "message_stop"
+    # As Anthropic streams it: message_start counts one output token before any is sent, and
+    # message_delta's cumulative count replaces it.
+    assert [u["output_tokens"] for u in usages] == [1, 12]
     assert [b.type for b in final.content] == ["thinking", "text"]
     assert final.content[0].type == "thinking" and final.content[0].signature
     assert final.usage.output_tokens == 12

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hardcap_core.sse import DONE, SSEParser, encode
+from hardcap_core.sse import DONE, MAX_EVENT_BYTES, EventTooLarge, SSEParser, encode
 
 BOM = b"\xef\xbb\xbf"
 
@@ -330,3 +330,107 @@ def test_encoded_stream_round_trips_read_any_way() -> None:
     ]
     for cut in range(len(stream) + 1):
         assert parse([stream[:cut], stream[cut:]]) == (expected, [])
+
+
+# -- the size cap: a line, and the event in progress, hold at most MAX_EVENT_BYTES ---------------
+
+
+def pieces(stream: bytes, size: int) -> list[bytes]:
+    return [stream[i : i + size] for i in range(0, len(stream), size)]
+
+
+def refused_at(reads: Iterable[bytes], parser: SSEParser | None = None) -> int | None:
+    """How many bytes had been fed when feed() raised EventTooLarge (None: it never did)."""
+    parser = parser or SSEParser()
+    fed = 0
+    for read in reads:
+        fed += len(read)
+        try:
+            list(parser.feed(read))
+        except EventTooLarge:
+            return fed
+    return None
+
+
+@pytest.mark.parametrize("prefix", [b"data: ", b": ", b"event: "], ids=["data", "comment", "other"])
+@pytest.mark.parametrize("size", [1000, 65536])
+def test_an_endless_line_fails_once_past_the_cap(prefix: bytes, size: int) -> None:
+    """A provider that never ends its line is refused as soon as the line passes the cap,
+    not when memory runs out; any line counts, not only data."""
+    parser = SSEParser()
+    assert list(parser.feed(b"data: before\n\n")) == ["before"]
+    endless = itertools.chain([prefix], itertools.repeat(b"x" * size, MAX_EVENT_BYTES // size + 2))
+    fed = refused_at(endless, parser)
+    assert fed is not None
+    assert MAX_EVENT_BYTES < fed <= MAX_EVENT_BYTES + size
+
+
+def test_an_endless_line_in_one_read_fails() -> None:
+    assert refused_at([b"data: " + b"x" * MAX_EVENT_BYTES]) is not None
+
+
+def test_a_whole_line_past_the_cap_fails_even_with_its_end() -> None:
+    assert refused_at([b": " + b"x" * MAX_EVENT_BYTES + b"\n\n"]) is not None
+
+
+@pytest.mark.parametrize("size", [None, 7, 999, 65536], ids=["one-read", "7", "999", "64k"])
+def test_an_event_of_many_data_lines_past_the_cap_fails(size: int | None) -> None:
+    line = b"data: " + b"y" * 1017 + b"\n"  # 1023 bytes as the event holds them
+    stream = line * (2 * MAX_EVENT_BYTES // 1023) + b"\n"
+    fed = refused_at([stream] if size is None else pieces(stream, size))
+    assert fed is not None
+    if size is not None:  # refused at the line that passed the cap, not at the event's end
+        assert fed <= MAX_EVENT_BYTES * 1.01 + size  # the cap, plus the lines' ends
+
+
+def test_many_empty_data_lines_count_too() -> None:
+    """Each `data` line adds at least its name to the event: a flood of empty ones is bounded."""
+    assert refused_at([b"data\n" * (MAX_EVENT_BYTES // 4 + 1)]) is not None
+
+
+def just_under(lines: int) -> tuple[bytes, str]:
+    """One event of ``lines`` data lines holding exactly MAX_EVENT_BYTES, and its data."""
+    each = MAX_EVENT_BYTES // lines
+    values = [bytes([0x61 + i % 26]) * (each - 6) for i in range(lines)]
+    values[-1] += b"z" * (MAX_EVENT_BYTES - each * lines)
+    stream = b"".join(b"data: " + v + b"\r\n" for v in values) + b"\r\n"
+    return stream, b"\n".join(values).decode()
+
+
+@pytest.mark.parametrize("lines", [1, 3, 1024])
+@pytest.mark.parametrize("size", [None, 7, 4096, 65536], ids=["one-read", "7", "4k", "64k"])
+def test_an_event_just_under_the_cap_passes(lines: int, size: int | None) -> None:
+    stream, data = just_under(lines)
+    reads = [stream] if size is None else pieces(stream, size)
+    assert parse(reads) == ([data], [])
+
+
+def test_one_byte_more_fails() -> None:
+    stream, _ = just_under(3)
+    assert refused_at([stream.replace(b"data: a", b"data: aa", 1)]) is not None
+
+
+@pytest.mark.parametrize("cut", [1, 6, 2000, MAX_EVENT_BYTES - 5, MAX_EVENT_BYTES + 1])
+def test_where_a_read_ends_never_moves_the_cap(cut: int) -> None:
+    """The same stream fails or passes however it is split into reads."""
+    fits, _ = just_under(1)
+    too_big = fits.replace(b"data: a", b"data: aa", 1)
+    assert parse([fits[:cut], fits[cut:]]) == parse([fits])
+    assert refused_at([too_big[:cut], too_big[cut:]]) is not None
+
+
+def test_the_cap_is_per_event() -> None:
+    """A dispatched event frees its room: a long stream of large events is fine."""
+    stream, data = just_under(2)
+    assert parse(pieces(stream * 5, 10_000)) == ([data] * 5, [])
+
+
+def test_an_unterminated_event_under_the_cap_is_still_flushed() -> None:
+    stream, data = just_under(4)
+    assert parse(pieces(stream.removesuffix(b"\r\n"), 3000)) == ([], [data])
+
+
+def test_event_too_large_is_a_value_error_that_says_the_limit() -> None:
+    assert issubclass(EventTooLarge, ValueError)
+    with pytest.raises(EventTooLarge, match=f"larger than {MAX_EVENT_BYTES} bytes"):
+        SSEParser().feed(b"data: " + b"x" * MAX_EVENT_BYTES)
