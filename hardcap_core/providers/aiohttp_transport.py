@@ -61,6 +61,8 @@ IDLE_EXPIRY_S = 15.0
 # Asked for by default: a compressed SSE stream is held back by the provider's compressor, and
 # every coding is decoded anyway when a provider compresses regardless.
 DEFAULT_HEADERS = {"user-agent": "hardcap", "accept-encoding": "identity"}
+# The content codings aiohttp decodes without optional packages.
+DECODED = frozenset({"", "identity", "gzip", "deflate"})
 
 
 class _Connector(aiohttp.TCPConnector):
@@ -252,7 +254,13 @@ def _head(response: aiohttp.ClientResponse) -> tuple[int, Mapping[str, str]]:
     status = response.status
     if status == 101 or not 100 <= status <= 599:
         raise BadResponse(f"the upstream answered with status {status}")
-    return status, {k.lower(): v for k, v in response.headers.items()}
+    headers = {k.lower(): v for k, v in response.headers.items()}
+    coding = headers.get("content-encoding", "").strip().lower()
+    if coding not in DECODED:
+        # aiohttp passes a coding it does not decode through as if it were plain (x-gzip,
+        # compress; br and zstd without their packages): the body would be read as garbage.
+        raise BadResponse(f"the upstream sent a body in the {coding!r} encoding")
+    return status, headers
 
 
 async def _read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes:

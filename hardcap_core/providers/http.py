@@ -47,7 +47,9 @@ def transport_error(upstream: str, e: TransportError) -> GatewayError:
     if isinstance(e, TimedOut):
         return UpstreamTimeout(f"The provider for '{upstream}' did not answer in time.")
     if isinstance(e, BadResponse):
-        return UpstreamMalformed(
+        # Its status line or headers could not be read: no reply began that it could bill
+        # (UpstreamMalformed is for a reply it generated), and another target may serve.
+        return UpstreamFailed(
             f"The provider for '{upstream}' sent a reply the gateway cannot read."
         )
     return UpstreamFailed(f"The provider for '{upstream}' could not be reached.")
