@@ -18,8 +18,8 @@ CONNECT_TIMEOUT_S = 10.0  # to open a connection; what comes after is the reques
 # The most decoded body a whole reply may have: a chat completion is kilobytes (megabytes with
 # audio); past this it is a hostile or broken upstream (a decompression bomb, an endless body).
 MAX_REPLY_BYTES = 32 << 20
-# Response headers: aiohttp's default for a status or header line; a field (name and value)
-# twice that, for providers' long rate-limit and tracing headers; and at most this many.
+# Response headers: aiohttp's default for the status line; a header (name and value) twice
+# that, for providers' long rate-limit and tracing headers; and at most this many.
 MAX_HEADER_LINE_BYTES = 8190
 MAX_HEADER_FIELD_BYTES = 16384
 MAX_HEADERS = 128
