@@ -109,6 +109,17 @@ class UpstreamFailed(GatewayError):
     code = "upstream_error"
 
 
+class UpstreamRefused(UpstreamFailed):
+    """The provider answered a 4xx the client cannot fix (a wrong provider key, a model it does
+    not serve): a 502 like any provider failure, and another target may serve; but the
+    provider is up and answering, so its breaker does not count it."""
+
+
+class UpstreamUnreachable(UpstreamFailed):
+    """No connection to the provider could be opened: nothing of the request was sent, so no
+    tenant's request shaped this failure."""
+
+
 class UpstreamMalformed(UpstreamFailed):
     """The provider answered 200 but the reply is unusable: it generated (and bills) it."""
 

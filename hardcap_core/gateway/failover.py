@@ -3,18 +3,26 @@
 A target is skipped while its upstream's breaker is open, and left for the next one when it
 answers 429 or 5xx, times out, or cannot be reached — all before any byte reached the client:
 once a stream is open, nothing is retried (the provider may have generated, and bills, what it
-sent). Each failure counts toward the upstream's shared breaker. The reservation belongs to
-the request, not the target: it was made at the chain's highest prices, and the meter is told
-which target served, so the charge is priced by the target actually used.
+sent). The reservation belongs to the request, not the target: it was made at the chain's
+highest prices, and the meter is told which target served, so the charge is priced by the
+target actually used.
+
+A failure counts toward the upstream's shared breaker unless the request shaped it
+(:func:`blame`): a 4xx other than 408 and 429, and a timeout it asked for by its output cap,
+say nothing of the upstream. A counted failure is evidence from the request's tenant, and the
+breaker opens only on evidence from two tenants while two use the upstream
+(:mod:`hardcap_core.ledger.breakers`), so one tenant cannot open it for the others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TypeVar
 
+from hardcap_core.budgets import LevelKind, Scope
 from hardcap_core.chat import ChatRequest
 from hardcap_core.config import Route
 from hardcap_core.errors import (
@@ -22,7 +30,9 @@ from hardcap_core.errors import (
     TooManyRequests,
     UpstreamFailed,
     UpstreamMalformed,
+    UpstreamRefused,
     UpstreamTimeout,
+    UpstreamUnreachable,
 )
 from hardcap_core.events import Completion, Read
 from hardcap_core.gateway.meter import Meter
@@ -34,6 +44,10 @@ T = TypeVar("T")
 # How long a stream's opening reads are held back while waiting for its first output (a model
 # that thinks silently longer than this is taken as served).
 PEEK_S = 2.0
+# The slowest a healthy upstream is taken to generate, tokens per second: a request whose
+# output cap takes longer than the upstream's timeout at this rate may time out by its own
+# asking. (Hosted models stream 20-200 tokens/s; large ones on a busy provider, ~15.)
+SLOWEST_TOKENS_PER_S = 10.0
 
 
 class AllTargetsDown(UpstreamFailed):
@@ -52,6 +66,37 @@ def can_fail_over(error: BaseException) -> bool:
     return isinstance(error, UpstreamFailed | UpstreamTimeout)
 
 
+class Blame(enum.Enum):
+    """Whose failure a failed attempt was, as the upstream's breaker counts it."""
+
+    REQUEST = "request"  # the request's own shape: not counted
+    TENANT = "tenant"  # counted, as evidence from the request's tenant
+    NOBODY = "nobody"  # counted, as evidence no tenant shaped: no connection could be opened
+
+
+def blame(error: GatewayError, route: Route, cap: int, generating: bool) -> Blame:
+    """Whose failure ``error`` (one :func:`can_fail_over` allows) was. A 4xx other than 408
+    and 429 is the request's: the upstream answered. A timeout is the request's when the wait
+    that ran out may have been the upstream ``generating`` what it asked for (a whole reply, or
+    a stream's silence after its 200: a model thinking) and its output ``cap`` takes longer than
+    the upstream's timeout at :data:`SLOWEST_TOKENS_PER_S`. A stream's timeout before its
+    status is the upstream's: a provider answers a stream before it generates."""
+    if isinstance(error, UpstreamRefused):
+        return Blame.REQUEST
+    if isinstance(error, UpstreamUnreachable):
+        return Blame.NOBODY
+    asked_for_long = cap > route.upstream.timeout_seconds * SLOWEST_TOKENS_PER_S
+    if isinstance(error, UpstreamTimeout) and generating and asked_for_long:
+        return Blame.REQUEST
+    return Blame.TENANT
+
+
+def witness(scope: Scope) -> str:
+    """Who a request's failures are evidence from: its tenant (a scope has one; else its first
+    level, which stands alone)."""
+    return next((lv.tag for lv in scope.levels if lv.kind is LevelKind.TENANT), scope.levels[0].tag)
+
+
 class Targets:
     """A request's chain of targets, its breakers and the meter that charges it."""
 
@@ -66,13 +111,21 @@ class Targets:
         self.providers = providers
         self.breakers = breakers
         self.meter = meter
+        self.tenant = witness(meter.scope)
 
-    async def first(self, attempt: Callable[[Route, Provider], Awaitable[T]]) -> T:
-        """``attempt`` on each target in turn until one answers; raises the last error."""
+    async def first(
+        self,
+        attempt: Callable[[Route, Provider], Awaitable[T]],
+        cap: int,
+        generating: Callable[[], bool],
+    ) -> T:
+        """``attempt`` on each target in turn until one answers; raises the last error.
+        ``cap``: the output the request asks for; ``generating()``, after a failed attempt:
+        whether the upstream may have been generating it when the attempt failed."""
         last: GatewayError | None = None
         for target in self.chain:
             upstream = target.upstream
-            before = await self.breakers.check(upstream.name, upstream.breaker)
+            before = await self.breakers.check(upstream.name, upstream.breaker, self.tenant)
             if not before.allowed:
                 logger.info("upstream skipped: breaker open",
                             extra={"upstream": upstream.name, "route": target.name})  # fmt: skip
@@ -83,8 +136,10 @@ class Targets:
                 result = await attempt(target, self.providers[upstream.kind])
             except GatewayError as e:
                 if not can_fail_over(e):
+                    # A bad request, or a reply the upstream generated: nothing to count.
+                    await self._counts(target, before, Blame.REQUEST)
                     raise
-                await self.breakers.failed(upstream.name, upstream.breaker)
+                await self._counts(target, before, blame(e, target, cap, generating()))
                 logger.warning("upstream failed; trying the next target",
                                extra={"upstream": upstream.name, "route": target.name,
                                       "error": str(e)})  # fmt: skip
@@ -98,11 +153,23 @@ class Targets:
         raise AllTargetsDown(f"Every provider for this model failed; the last: {last}") from last
 
     async def _succeeded(self, target: Route, before: BreakerState) -> None:
-        await self.breakers.succeeded(target.upstream.name, target.upstream.breaker, before)
+        upstream = target.upstream
+        await self.breakers.succeeded(upstream.name, upstream.breaker, before, self.tenant)
+
+    async def _counts(self, target: Route, before: BreakerState, whose: Blame) -> None:
+        """Tell the target's breaker of a failed attempt, ``whose`` it was."""
+        upstream = target.upstream
+        if whose is Blame.REQUEST:
+            await self.breakers.released(upstream.name, upstream.breaker, before, self.tenant)
+        else:
+            who = self.tenant if whose is Blame.TENANT else None
+            await self.breakers.failed(upstream.name, upstream.breaker, who)
 
     async def complete(self, chat: ChatRequest, cap: int) -> Completion:
         """A whole reply from the first target that gives one."""
-        return await self.first(lambda route, provider: provider.complete(route, chat, cap))
+        return await self.first(
+            lambda route, provider: provider.complete(route, chat, cap), cap, lambda: True
+        )
 
     def stream(self, chat: ChatRequest, cap: int) -> FailoverStream:
         """A stream from the first target that opens one (the relay enters it)."""
@@ -117,11 +184,14 @@ class FailoverStream:
         self.chat = chat
         self.cap = cap
         self._exit: Callable[..., Awaitable[bool | None]] | None = None
+        self._answered = False  # the target being tried answered with a success status
 
     async def __aenter__(self) -> AsyncIterator[Read]:
         async def attempt(route: Route, provider: Provider) -> AsyncIterator[Read]:
+            self._answered = False
             opened = provider.stream(route, self.chat, self.cap)
             reads = await opened.__aenter__()
+            self._answered = True
             # Its first reads too, up to its first output: a provider that answered 200 and
             # died before sending any has sent nothing the client sees (the reads so far are
             # held back), so the next target may serve.
@@ -136,7 +206,7 @@ class FailoverStream:
             self._exit = opened.__aexit__
             return _prepend(held, reads)
 
-        return await self.targets.first(attempt)
+        return await self.targets.first(attempt, self.cap, lambda: self._answered)
 
     async def __aexit__(
         self,

@@ -4,6 +4,12 @@ A Lambda execution environment lives minutes and serves one request at a time: a
 its own would see a handful of failures before it is gone. In the cache, every instance's
 failures count toward one breaker, and an upstream one instance found down is skipped by all.
 
+One tenant cannot open it for the others: a failure counts as evidence from the tenant whose
+request failed, and the breaker opens only on evidence from two tenants while two tenants use
+the upstream (seen within :data:`SEEN_FOR_MS`); a deployment with one tenant opens it on that
+tenant's. A failure no tenant shaped (no connection could be opened) is evidence alone. Which
+failures count at all is decided by the caller (:mod:`hardcap_core.gateway.failover`).
+
 A breaker is advisory: when the cache cannot be reached it lets requests through (the
 upstream's own answer then decides), and the happy path costs one round trip per request —
 none while a closed breaker with no failures was checked in the last
@@ -26,6 +32,10 @@ from hardcap_core.logs import logger
 
 LOCAL_CLOSED_S = 0.25
 PROBE_TTL_MS = 30_000  # a probe that never reported is forgotten after this long
+# A tenant counts as using an upstream for a day after it last did (as long as the cache keeps
+# an untouched breaker): while two do, one alone cannot open the breaker.
+SEEN_FOR_MS = 86_400_000
+NO_TENANT = ""  # whose failure it is when no tenant shaped it (script ARGV[6])
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +44,8 @@ class BreakerState:
     state: str  # closed | open | half_open
     failures: int  # consecutive
     retry_in_ms: int  # until an open breaker lets a probe through
+    tenants: int = 0  # tenants whose failures counted since the last success or opening (0-2)
+    needed: int = 1  # tenants whose failures it takes to open it
 
 
 CLOSED = BreakerState(True, "closed", 0, 0)
@@ -48,12 +60,13 @@ class Breakers:
         self.keys = keys
         self._closed_at: dict[str, float] = {}  # upstream -> when it was last seen closed, clean
 
-    async def check(self, upstream: str, settings: BreakerSettings) -> BreakerState:
-        """May a request go to ``upstream`` now? (Takes a probe slot when half-open.)"""
+    async def check(self, upstream: str, settings: BreakerSettings, tenant: str) -> BreakerState:
+        """May a request of ``tenant`` go to ``upstream`` now? (Takes a probe slot when
+        half-open; records that ``tenant`` uses the upstream.)"""
         seen = self._closed_at.get(upstream)
         if seen is not None and time.monotonic() - seen < LOCAL_CLOSED_S:
             return CLOSED
-        state = await self._call("check", upstream, settings)
+        state = await self._call("check", upstream, settings, tenant)
         if state.state == "closed" and state.failures == 0:
             self._closed_at[upstream] = time.monotonic()
         else:
@@ -61,17 +74,33 @@ class Breakers:
         return state
 
     async def succeeded(
-        self, upstream: str, settings: BreakerSettings, before: BreakerState
+        self, upstream: str, settings: BreakerSettings, before: BreakerState, tenant: str
     ) -> None:
         """A request to ``upstream`` got its answer; ``before`` is what :meth:`check` said."""
         if before.state != "closed" or before.failures > 0:
-            await self._call("ok", upstream, settings)
+            await self._call("ok", upstream, settings, tenant)
 
-    async def failed(self, upstream: str, settings: BreakerSettings) -> BreakerState:
-        """A request to ``upstream`` failed the way a breaker counts (429, 5xx, timeout, no
-        connection)."""
+    async def failed(
+        self, upstream: str, settings: BreakerSettings, tenant: str | None
+    ) -> BreakerState:
+        """A request to ``upstream`` failed the way a breaker counts; ``tenant`` is whose
+        request it was, None when no tenant shaped the failure (evidence enough alone)."""
         self._closed_at.pop(upstream, None)
-        return await self._call("fail", upstream, settings)
+        state = await self._call("fail", upstream, settings, tenant or NO_TENANT)
+        if state.state == "closed" and state.failures >= settings.failures:
+            # Enough failures, but from fewer tenants than it takes: the operator may look.
+            logger.info("breaker held closed: the failures are one tenant's",
+                        extra={"upstream": upstream, "failures": state.failures,
+                               "tenant": tenant})  # fmt: skip
+        return state
+
+    async def released(
+        self, upstream: str, settings: BreakerSettings, before: BreakerState, tenant: str
+    ) -> None:
+        """A request to ``upstream`` ended in a way that says nothing of the upstream (a 4xx,
+        a timeout it asked for): it frees the probe slot :meth:`check` gave it, if any."""
+        if before.state == "half_open":
+            await self._call("pass", upstream, settings, tenant)
 
     async def states(
         self, upstreams: Iterable[tuple[str, BreakerSettings]]
@@ -85,8 +114,9 @@ class Breakers:
             out[name] = BreakerState(state != "open", state, int(raw[1] or 0), 0)
         return out
 
-    async def _call(self, op: str, upstream: str, s: BreakerSettings) -> BreakerState:
-        args = [op, s.failures, int(s.cooldown_seconds * 1000), s.half_open_probes, PROBE_TTL_MS]
+    async def _call(self, op: str, upstream: str, s: BreakerSettings, tenant: str) -> BreakerState:
+        args = [op, s.failures, int(s.cooldown_seconds * 1000), s.half_open_probes,
+                PROBE_TTL_MS, tenant, SEEN_FOR_MS]  # fmt: skip
         try:
             reply = await guarded(
                 self.scripts.breaker(keys=[self.keys.breaker(upstream)], args=args)
@@ -95,5 +125,11 @@ class Breakers:
             logger.warning("breaker not reachable; letting the request through",
                            extra={"upstream": upstream, "error": str(e)})  # fmt: skip
             return CLOSED
-        state = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
-        return BreakerState(bool(int(reply[0])), state, int(reply[2]), int(reply[3]))
+        return parse_reply(reply)
+
+
+def parse_reply(reply: Any) -> BreakerState:
+    """``breaker.lua``'s reply (its header gives the layout)."""
+    state = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+    allowed, failures, wait, tenants, needed = (int(reply[i]) for i in (0, 2, 3, 4, 5))
+    return BreakerState(bool(allowed), state, failures, wait, tenants, needed)

@@ -12,15 +12,19 @@ from hardcap_core import json_codec, sse
 from hardcap_core.errors import (
     GatewayError,
     InvalidRequest,
+    PayloadTooLarge,
     TooManyRequests,
     UpstreamFailed,
     UpstreamMalformed,
+    UpstreamRefused,
     UpstreamTimeout,
+    UpstreamUnreachable,
 )
 from hardcap_core.events import Event, Read
 from hardcap_core.logs import logger
 from hardcap_core.providers.transport import (
     BadResponse,
+    ConnectFailed,
     StreamReply,
     TimedOut,
     Transport,
@@ -30,7 +34,14 @@ from hardcap_core.providers.transport import (
 
 # Provider errors a client can fix or act on are passed on with their status; anything else
 # (a wrong provider key, a provider outage) is the gateway's problem: 502.
-PASS_THROUGH = {400: InvalidRequest, 422: InvalidRequest, 429: TooManyRequests}
+PASS_THROUGH = {
+    400: InvalidRequest,
+    413: PayloadTooLarge,
+    422: InvalidRequest,
+    429: TooManyRequests,
+}
+# 4xx statuses that are the provider's trouble, not the request's: counted by its breaker.
+UPSTREAM_4XX = frozenset({408, 429})
 
 
 def make_transport() -> Transport:
@@ -52,7 +63,8 @@ def transport_error(upstream: str, e: TransportError) -> GatewayError:
         return UpstreamFailed(
             f"The provider for '{upstream}' sent a reply the gateway cannot read."
         )
-    return UpstreamFailed(f"The provider for '{upstream}' could not be reached.")
+    message = f"The provider for '{upstream}' could not be reached."
+    return UpstreamUnreachable(message) if isinstance(e, ConnectFailed) else UpstreamFailed(message)
 
 
 def stream_error(e: TransportError) -> GatewayError:
@@ -74,7 +86,8 @@ def status_error(upstream: str, status: int, content: bytes) -> GatewayError:
             message = f"{message} {detail}"
     except (ValueError, AttributeError):
         pass
-    cls = PASS_THROUGH.get(status, UpstreamFailed)
+    refused = 400 <= status < 500 and status not in UPSTREAM_4XX
+    cls = PASS_THROUGH.get(status, UpstreamRefused if refused else UpstreamFailed)
     code = "upstream_rate_limited" if status == 429 else None
     return cls(message, code=code)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -197,3 +198,103 @@ def test_a_primary_that_dies_after_200_before_any_byte_falls_back(
         backup_cost = (served["prompt_tokens"] * 3.0 + served["completion_tokens"] * 6.0) / 1e6
         # At least the backup's bill plus the primary's input at its price.
         assert cost_used(base) >= backup_cost + primary_input * 1.0 / 1e6
+
+
+# -- one tenant cannot open a breaker for the others ---------------------------------------------
+
+# What tenant alpha sends, six times at once, against an upstream whose timeout is 1 s: a
+# non-streamed reply that takes 5 s to generate because it asked for 1,000 tokens; a stream
+# whose model "thinks" silently for 3 s before any output with the same cap; a request the
+# provider refuses with 413; a provider that never answers a small request, whole or streamed
+# (counted, but as alpha's alone).
+SHAPES: dict[str, tuple[str, int, bool]] = {
+    "long_reply_timeout": ("Tell me all. [mock:tokens=1000] [mock:pace_ms=5]", 1000, False),
+    "long_thinking_timeout": ("Think hard. [mock:silent_ms=3000]", 1000, True),
+    "413": ("Too much. [mock:status=413]", 20, False),
+    "hang": ("Hello? [mock:hang=1]", 5, False),
+    "hang_stream": ("Hello? [mock:hang=1]", 5, True),
+}
+
+
+def ask(base: str, tenant: str, content: str, max_tokens: int = 20, stream: bool = False) -> str:
+    """What ``tenant`` gets: ``ok``, or the error's status and code."""
+    messages: Any = [{"role": "user", "content": content}]
+    with openai.OpenAI(base_url=base, api_key=KEYS[tenant], max_retries=0) as client:
+        chat = client.chat.completions
+        try:
+            if stream:
+                for _ in chat.create(model="small", messages=messages, max_tokens=max_tokens,
+                                     stream=True, user=tenant):  # fmt: skip
+                    pass
+            else:
+                chat.create(model="small", messages=messages, max_tokens=max_tokens, user=tenant)
+        except openai.APIStatusError as e:
+            return f"{e.status_code} {e.code}"
+    return "ok"
+
+
+def tenants_config(primary_url: str, redis_url: str, tenants: tuple[str, ...]) -> dict[str, Any]:
+    """One route, no fallback, a 1 s upstream timeout; a breaker that two failures open and
+    that stays open past the test."""
+    data = config_data(primary_url, redis_url)
+    data["gateway"]["breaker"] = {"failures": 2, "cooldown_seconds": 60}
+    data["upstreams"][0]["timeout_seconds"] = 1.0
+    data["tenants"] = [t for t in data["tenants"] if t["id"] in tenants]
+    return data
+
+
+def alpha_sends(base: str, shape: str, times: int = 6) -> list[str]:
+    content, cap, stream = SHAPES[shape]
+    with ThreadPoolExecutor(times) as pool:
+        return list(pool.map(lambda _: ask(base, "alpha", content, cap, stream), range(times)))
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_one_tenants_timeouts_and_413s_never_refuse_another(
+    fresh: LocalValkey, primary: Mock, shape: str
+) -> None:
+    with gateway_thread(tenants_config(primary.url, fresh.url, ("alpha", "beta"))) as base:
+        assert ask(base, "beta", "Hi.") == "ok"  # beta uses the upstream
+        got = alpha_sends(base, shape)
+        assert got == ["413 request_too_large" if shape == "413" else "504 upstream_timeout"] * 6
+        served = primary.truth("beta")["requests"]
+        assert ask(base, "beta", "Hi again.") == "ok"  # not 502 upstreams_unavailable
+        assert primary.truth("beta")["requests"] == served + 1
+        assert breakers(base)["mock"]["state"] == "closed"
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_a_real_outage_still_opens_the_breaker_for_every_tenant(
+    fresh: LocalValkey, primary: Mock, backup: Mock, fallback: bool
+) -> None:
+    """Alpha's own failures first (413s: they open nothing), then the provider fails everyone:
+    alpha's and beta's failures open the breaker, and the next request does not reach it."""
+    if fallback:
+        data = chain_config(primary.url, backup.url, fresh.url)
+        data["gateway"]["breaker"] = {"failures": 2, "cooldown_seconds": 60}
+    else:
+        data = tenants_config(primary.url, fresh.url, ("alpha", "beta"))
+    with gateway_thread(data) as base:
+        assert ask(base, "beta", "Hi.") == "ok"
+        assert alpha_sends(base, "413") == ["413 request_too_large"] * 6
+        assert breakers(base)["mock"]["state"] == "closed"
+        fault(primary, mode="status", status=503, seconds=30)
+        failed = "ok" if fallback else "502 upstream_error"
+        assert [ask(base, "alpha", "Hi."), ask(base, "beta", "Hi.")] == [failed, failed]
+        assert breakers(base)["mock"]["state"] == "open"
+        seen = primary.truth("beta").get("errors", 0)
+        assert ask(base, "beta", "Hi.") == ("ok" if fallback else "502 upstreams_unavailable")
+        assert primary.truth("beta").get("errors", 0) == seen  # the primary was skipped
+
+
+def test_a_deployment_with_one_tenant_opens_its_breaker_on_a_real_outage(
+    fresh: LocalValkey, primary: Mock
+) -> None:
+    with gateway_thread(tenants_config(primary.url, fresh.url, ("alpha",))) as base:
+        assert alpha_sends(base, "413") == ["413 request_too_large"] * 6
+        assert alpha_sends(base, "long_reply_timeout") == ["504 upstream_timeout"] * 6
+        assert breakers(base)["mock"]["state"] == "closed"  # its own doing opens nothing
+        fault(primary, mode="status", status=503, seconds=30)
+        assert [ask(base, "alpha", "Hi.") for _ in range(2)] == ["502 upstream_error"] * 2
+        assert breakers(base)["mock"]["state"] == "open"
+        assert ask(base, "alpha", "Hi.") == "502 upstreams_unavailable"
