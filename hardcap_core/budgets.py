@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import calendar
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
+from fractions import Fraction
+from typing import Any
 
 NANO_USD_PER_USD = 1_000_000_000
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -167,17 +169,53 @@ class RateLimit:
     tokens_per_minute: int | None = None
 
 
+# Service tiers a provider reports for its standard price: OpenAI's "default", Anthropic's
+# "standard". A request may also name "auto" (its project's default, whatever that is).
+STANDARD_TIERS = frozenset({"default", "standard"})
+
+
+@dataclass(frozen=True, slots=True)
+class LongContext:
+    """A dearer price past a prompt size: a request of more than ``above_input_tokens`` input
+    tokens (cache reads and writes included) is billed every token at its prices times these
+    multipliers (Anthropic's long-context pricing, OpenAI's on its 1M-context models)."""
+
+    above_input_tokens: int
+    input_multiplier: float
+    output_multiplier: float
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """What a request asks for that changes its price."""
+
+    tier: str | None = None  # the service_tier it names (None: none)
+    cache_1h: bool = False  # it marks a prompt-cache write to be kept an hour
+
+
+NO_TERMS = Terms()
+
+
 @dataclass(frozen=True, slots=True)
 class Prices:
     """Price per token in nano-USD, rounded up from the config's USD per million tokens.
 
     Cached input (read from the provider's prompt cache) and cache writes have prices of their
-    own; by default a read costs what input costs and a write 1.25x (never under-charged)."""
+    own; by default a read costs what input costs, a write 1.25x and a write kept an hour 2x
+    (never under-charged). A service tier scales every price by its multiplier (``tiers``), a
+    long-context tier by its own (``long_context``); multipliers stack, each price is rounded
+    up. ``terms`` are the request's (:meth:`with_terms`): the tier it asked, whether it marks
+    hour-long cache writes."""
 
     input_nusd: int = 0
     output_nusd: int = 0
     cached_input_nusd: int | None = None  # None: input_nusd
     cache_write_nusd: int | None = None  # None: 1.25 x input_nusd, rounded up
+    cache_write_1h_nusd: int | None = None  # None: 2 x input_nusd
+    tiers: tuple[tuple[str, float], ...] = ()  # service tier -> multiplier of every price
+    long_context: LongContext | None = None
+    sends_tier: bool = True  # the upstream is sent the request's service_tier
+    terms: Terms = NO_TERMS
 
     @classmethod
     def per_million(
@@ -186,13 +224,18 @@ class Prices:
         output_usd: float,
         cached_input_usd: float | None = None,
         cache_write_usd: float | None = None,
+        cache_write_1h_usd: float | None = None,
+        **more: Any,
     ) -> Prices:
+        """Prices from USD per million tokens; ``more``: the other fields, as they are."""
         # $ per 1M tokens -> nUSD per token is a factor of 1000; round up so we never undercharge.
         return cls(
             _ceil_thousand(input_usd),
             _ceil_thousand(output_usd),
             None if cached_input_usd is None else _ceil_thousand(cached_input_usd),
             None if cache_write_usd is None else _ceil_thousand(cache_write_usd),
+            None if cache_write_1h_usd is None else _ceil_thousand(cache_write_1h_usd),
+            **more,
         )
 
     @property
@@ -205,24 +248,108 @@ class Prices:
             return self.cache_write_nusd
         return -(-self.input_nusd * 5 // 4)
 
-    def cost(self, input_tokens: int, output_tokens: int, cached: int = 0, written: int = 0) -> int:
-        """What ``input_tokens`` (of which ``cached`` read from and ``written`` written to the
-        prompt cache) and ``output_tokens`` cost, in nano-USD."""
-        cached, written = max(cached, 0), max(written, 0)
-        plain = max(input_tokens - cached - written, 0)
-        return (
-            plain * self.input_nusd
-            + cached * self.cached_read
-            + written * self.cache_write
-            + output_tokens * self.output_nusd
-        )
+    @property
+    def cache_write_1h(self) -> int:
+        if self.cache_write_1h_nusd is not None:
+            return self.cache_write_1h_nusd
+        return self.input_nusd * 2
 
-    def highest(self, other: Prices) -> Prices:
-        """The higher of each price: a hold that covers either."""
-        return Prices(
-            max(self.input_nusd, other.input_nusd, self.cache_write, other.cache_write),
-            max(self.output_nusd, other.output_nusd),
-        )
+    @property
+    def free(self) -> bool:
+        """Every price is 0: whatever a tier multiplies, it stays 0."""
+        return not any((self.input_nusd, self.output_nusd, self.cached_read,
+                        self.cache_write, self.cache_write_1h))  # fmt: skip
+
+    def with_terms(self, terms: Terms) -> Prices:
+        """These prices for a request with ``terms``."""
+        return self if terms == self.terms else replace(self, terms=terms)
+
+    def prices_tier(self, tier: str | None) -> bool:
+        """Whether a request naming service tier ``tier`` can be priced here: none, "auto" or
+        the standard one, a tier these prices list, or one the upstream is not sent."""
+        if tier is None or tier == "auto" or tier in STANDARD_TIERS or not self.sends_tier:
+            return True
+        return self.free or any(name == tier for name, _ in self.tiers)
+
+    def tier_multiplier(self, reported: str | None = None) -> float:
+        """How the service tier scales every price. The tier the provider ``reported`` it
+        served, if it is listed (or standard: 1); else the tier the request asked; for one
+        that asked none or "auto" (the provider's account default, which may be any), the
+        dearest listed, and at least the standard price."""
+        tiers = dict(self.tiers)
+        if reported in tiers:
+            return tiers[reported]
+        if reported in STANDARD_TIERS:
+            return 1.0
+        asked = self.terms.tier if self.sends_tier else None
+        if asked in tiers:
+            return tiers[asked]
+        if asked in STANDARD_TIERS:
+            return 1.0
+        return max([1.0, *tiers.values()])
+
+    def rates(self, input_tokens: int, tier: str | None = None) -> tuple[int, int, int, int, int]:
+        """The per-token prices (input, cache read, cache write, hour-long cache write,
+        output) of a request of ``input_tokens`` served at service tier ``tier`` (as
+        :meth:`tier_multiplier` reads it): at the long-context tier past its threshold."""
+        if not self.tiers and self.long_context is None:  # one price, whatever the request
+            w1 = self.cache_write_1h
+            return self.input_nusd, self.cached_read, self.cache_write, w1, self.output_nusd
+        tier_ratio = _ratio(self.tier_multiplier(tier))
+        in_ratio = out_ratio = tier_ratio
+        lc = self.long_context
+        if lc is not None and input_tokens > lc.above_input_tokens:
+            in_ratio = tier_ratio * _ratio(lc.input_multiplier)
+            out_ratio = tier_ratio * _ratio(lc.output_multiplier)
+        plain = (self.input_nusd, self.cached_read, self.cache_write, self.cache_write_1h)
+        i, c, w, w1 = (_scale(p, in_ratio) for p in plain)
+        return i, c, w, w1, _scale(self.output_nusd, out_ratio)
+
+    def cost(
+        self,
+        input_tokens: int,
+        output_tokens: int,
+        cached: int = 0,
+        written: int = 0,
+        written_1h: int | None = None,
+        tier: str | None = None,
+    ) -> int:
+        """What ``input_tokens`` (of which ``cached`` read from and ``written`` written to the
+        prompt cache, ``written_1h`` of those to be kept an hour) and ``output_tokens`` cost,
+        in nano-USD, at service tier ``tier`` if the provider reported one. Writes not split
+        by how long they are kept (``written_1h`` None) are all hour-long ones if the request
+        marked any: the dearer, never under-charged."""
+        cached, written = max(cached, 0), max(written, 0)
+        if written_1h is None:
+            hour = written if self.terms.cache_1h else 0
+        else:
+            hour = min(max(written_1h, 0), written)
+        plain = max(input_tokens - cached - written, 0)
+        i, c, w, w1, o = self.rates(input_tokens, tier)
+        return plain * i + cached * c + (written - hour) * w + hour * w1 + output_tokens * o
+
+    def held(self, input_estimate: int) -> tuple[int, int]:
+        """The per-token input and output prices a request of at most ``input_estimate`` input
+        tokens is held at: input at the dearest way it may be billed (plain, read, written,
+        and written for an hour if it marks such writes), at its service tier and at the
+        long-context tier if the estimate, an upper bound, is past it."""
+        i, c, w, w1, o = self.rates(input_estimate)
+        return max(i, c, w, w1 if self.terms.cache_1h else 0), o
+
+
+_ONE = Fraction(1)
+
+
+def _ratio(multiplier: float) -> Fraction:
+    """A multiplier as the decimal it was written as (1.1 is 11/10, not the float below it)."""
+    return _ONE if multiplier == 1 else Fraction(repr(multiplier))
+
+
+def _scale(nusd: int, ratio: Fraction) -> int:
+    """``nusd`` times ``ratio``, rounded up: never under-charged."""
+    if ratio is _ONE:
+        return nusd
+    return -(-nusd * ratio.numerator // ratio.denominator)
 
 
 def _ceil_thousand(usd_per_million: float) -> int:

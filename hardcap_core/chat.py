@@ -36,3 +36,28 @@ class ChatRequest:
     def messages(self) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = self.body["messages"]
         return messages
+
+    @property
+    def thinks(self) -> bool:
+        """Whether it asks for extended thinking: Anthropic's ``thinking`` of any type but
+        ``disabled`` (``enabled`` with a budget, ``adaptive`` without; a type the gateway does
+        not know counts as thinking)."""
+        thinking = self.body.get("thinking")
+        if thinking is None:
+            return False
+        return not (isinstance(thinking, dict) and thinking.get("type") == "disabled")
+
+    @property
+    def thinking_budget(self) -> int | None:
+        """The most tokens it lets the model think (``thinking.budget_tokens``), if it says."""
+        thinking = self.body.get("thinking")
+        budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            return None
+        return budget
+
+    @property
+    def reasons(self) -> bool:
+        """Whether a reasoning model may reason: unless it turns reasoning off
+        (``reasoning_effort: "none"``; every other effort, or none given, reasons)."""
+        return self.body.get("reasoning_effort") != "none"

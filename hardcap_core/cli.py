@@ -123,7 +123,8 @@ def embedded_valkey_if_needed(config_path: str) -> LocalValkey | None:
     from hardcap_core.local.valkey import LocalValkey
 
     server = LocalValkey().start()
-    os.environ[env.REDIS_URL] = server.url
+    # As its user on a deployed cache: no FLUSHALL, FLUSHDB, KEYS, CONFIG or DEBUG.
+    os.environ[env.REDIS_URL] = server.gateway_url
     # Flushed: under a process manager stdout is a pipe or a file, and this line says which
     # server to look at while the gateway runs.
     print(

@@ -73,7 +73,10 @@ class Usage:
     ``input_tokens`` is every input token billed, cached ones included (a provider that
     reports them apart, as Anthropic does, has them added in); ``cached_input_tokens`` and
     ``cache_write_input_tokens`` say how many of them were read from or written to the
-    provider's prompt cache, each billed at its route's own price."""
+    provider's prompt cache, each billed at its route's own price; of the writes,
+    ``cache_write_1h_input_tokens`` were kept an hour (a dearer price). ``service_tier``: the
+    tier the provider says it served (OpenAI's reply, Anthropic's usage), which sets the
+    price."""
 
     input_tokens: int | None
     output_tokens: int | None
@@ -81,6 +84,8 @@ class Usage:
     cached_input_tokens: int | None = None
     cache_write_input_tokens: int | None = None
     raw: dict[str, Any] | None = None  # the provider's own usage object
+    cache_write_1h_input_tokens: int | None = None
+    service_tier: str | None = None
 
 
 @dataclass(slots=True)

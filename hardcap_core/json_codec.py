@@ -3,7 +3,8 @@
 Decoding and re-encoding a chunk is most of what the gateway spends per relayed token; orjson
 does each in about a sixth of the time of ``json`` (bench/results/wrk-overhead.json). A client's
 request body is not decoded here: :mod:`hardcap_core.wire.json_body` is strict (duplicate keys,
-NaN, huge integers are 400s), which orjson cannot tell apart.
+NaN, huge integers are 400s), which orjson cannot tell apart; it uses :func:`encodes` to find
+a lone surrogate, which no encoder writes as UTF-8.
 """
 
 from __future__ import annotations
@@ -28,3 +29,13 @@ def dumps(value: Any) -> bytes:
         return orjson.dumps(value)
     except orjson.JSONEncodeError:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def encodes(value: Any) -> bool:
+    """Whether orjson encodes ``value``: False for a string holding a lone UTF-16 surrogate
+    (which ``json`` cannot write as UTF-8 either) or an integer past 64 bits (which it can)."""
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return False
+    return True

@@ -7,12 +7,14 @@
 --
 -- ARGV[1]  the waiting reservation id
 -- ARGV[2]  JSON: the reservation's meta (lib.lua: meta), for the usage record of the refusal
--- ARGV[3]  the refusal's outcome for that record ('busy': it waited as long as it could)
+-- ARGV[3]  the refusal's outcome for that record ('busy': it waited as long as it could;
+--          'client_gone': its client disconnected while it waited)
 --
 -- Reply: {'ok', now_ms, 1 if the id was waiting, else 0}
 --
 -- The waiter leaves at once rather than letting its ticket lapse: while it stands first in line,
--- nobody behind it is admitted. The refusal is recorded here, once, not on every 'queued' reply.
+-- nobody behind it is admitted. The refusal is recorded here, once, not on every 'queued' reply;
+-- like every refusal it costs nothing (no tokens, no cost).
 
 local rid = ARGV[1]
 local now = now_ms()

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from typing import Literal
 
 from hardcap_core.auth import KeyIndex
-from hardcap_core.budgets import Level, LevelKind, Prices, Scope
+from hardcap_core.budgets import NO_TERMS, Level, LevelKind, Prices, Scope, Terms
 from hardcap_core.config.secrets import KeySource, resolve_api_key
-from hardcap_core.config.settings import BreakerSettings, EstimatorSettings, GatewaySettings
+from hardcap_core.config.settings import (
+    BreakerSettings,
+    EstimatorSettings,
+    GatewaySettings,
+    UnseenOutput,
+)
 
 DEFAULT_BREAKER = BreakerSettings()
 
@@ -67,6 +73,8 @@ class Route:
     min_output_reservation: int
     fallbacks: tuple[str, ...] = ()  # route names tried in order when this one cannot serve
     queue_wait_seconds: float | None = None  # None: the gateway's
+    unseen_output: UnseenOutput = "none"  # what it bills unseen (gateway/unseen.py)
+    max_pdf_pages: int | None = None  # PDF pages a request may carry; None: the gateway's cap
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,14 +126,32 @@ class Config:
         """``route`` and its fallbacks, in the order they are tried."""
         return [route, *(self.routes[name] for name in route.fallbacks)]
 
-    def hold_prices(self, route: Route) -> Prices:
-        """The prices a request on ``route`` is reserved at: the highest of its chain, and input
-        at the cache-write price, so whichever target serves it and however the provider's
-        prompt cache bills its input, the hold covers the cost."""
-        held = Prices(route.prices.input_nusd, route.prices.output_nusd)
+    def hold_prices(self, route: Route, terms: Terms = NO_TERMS, input_tokens: int = 0) -> Prices:
+        """The prices a request on ``route`` with ``terms`` and an input estimate of
+        ``input_tokens`` is reserved at: the highest of its chain, each at the request's
+        service tier (or the dearest it may be served at) and long-context tier, and input at
+        the dearest cache-write price it may be billed, so whichever target serves it and
+        however the provider bills it, the hold covers the cost (:meth:`Prices.held`)."""
+        if terms == NO_TERMS and (plain := self._plain_holds.get(route.name)) is not None:
+            return plain
+        return self._hold(route, terms, input_tokens)
+
+    def _hold(self, route: Route, terms: Terms, input_tokens: int) -> Prices:
+        held_in = held_out = 0
         for r in self.chain(route):
-            held = held.highest(r.prices)
-        return held
+            i, o = r.prices.with_terms(terms).held(input_tokens)
+            held_in, held_out = max(held_in, i), max(held_out, o)
+        return Prices(held_in, held_out)
+
+    @cached_property
+    def _plain_holds(self) -> dict[str, Prices]:
+        """Per route whose chain has no long-context tier, the hold of a request whose terms
+        change no price: what most requests are held at, worked out once."""
+        return {
+            name: self._hold(route, NO_TERMS, 0)
+            for name, route in self.routes.items()
+            if not any(r.prices.long_context for r in self.chain(route))
+        }
 
     def roots(self) -> list[Level]:
         """The root of every tenant hierarchy (an org, or a tenant without one), in order."""

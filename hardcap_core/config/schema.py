@@ -21,7 +21,7 @@ from hardcap_core.config.secrets import KeySource, KeySourceKind
 
 # BreakerSettings and check_redis_url re-exported: they were defined here (ledger/breakers.py).
 from hardcap_core.config.settings import BreakerSettings as BreakerSettings
-from hardcap_core.config.settings import EstimatorSettings, GatewaySettings
+from hardcap_core.config.settings import EstimatorSettings, GatewaySettings, UnseenOutput
 from hardcap_core.config.settings import check_redis_url as check_redis_url
 
 # Lua numbers are doubles: the ledger adds integers exactly only up to 2**53.
@@ -167,15 +167,59 @@ class EstimatorConfig(_Model):
         return EstimatorSettings(self.kind, self.fixed_tokens, self.min_samples)
 
 
+class LongContextConfig(_Model):
+    """A dearer price past a prompt size: every token of a request with more input than this
+    is billed at the route's prices times these multipliers."""
+
+    above_input_tokens: PosInt
+    input_multiplier: PosFloat
+    output_multiplier: PosFloat
+
+
 class PriceConfig(_Model):
     input_per_million: NonNegFloat
     output_per_million: NonNegFloat
     # Input read from the provider's prompt cache (OpenAI cached_tokens, Anthropic
     # cache_read_input_tokens) and written to it (Anthropic cache_creation_input_tokens).
     # Unset: read at the input price, written at 1.25x it (Anthropic's 5-minute write price),
-    # so a route that does not say is never under-charged.
+    # and at 2x it when kept an hour, so a route that does not say is never under-charged.
     cached_input_per_million: NonNegFloat | None = None
     cache_write_per_million: NonNegFloat | None = None
+    cache_write_1h_per_million: NonNegFloat | None = None
+    # Service tiers other than the standard one, each a multiplier of every price (priority:
+    # 2, flex: 0.5); a request naming a tier not listed is refused (docs/config.md).
+    service_tiers: dict[Annotated[str, Field(pattern=ID_PATTERN.pattern)], PosFloat] = {}
+    long_context: LongContextConfig | None = None
+
+    @field_validator("service_tiers")
+    @classmethod
+    def _tiers(cls, v: dict[str, float]) -> dict[str, float]:
+        standard = sorted(set(v) & {"auto", "default", "standard"})
+        if standard:
+            raise ValueError(f"{standard[0]!r} is the standard tier: its prices are the route's")
+        return v
+
+
+# A route's default `unseen_output`, by its upstream model (`model`, else its name): the first
+# pattern found in the lowercased name; none found, "none" (docs/config.md has the table and
+# its sources). Claude 4 and later stream a summary of their thinking and bill all of it;
+# OpenAI's reasoning models bill reasoning they never stream.
+UNSEEN_OUTPUT_BY_MODEL: tuple[tuple[re.Pattern[str], UnseenOutput], ...] = (
+    # claude-sonnet-4-5, claude-opus-4-1-20250805, anthropic.claude-sonnet-4-20250514-v1:0,
+    # claude-4-opus, anthropic/claude-opus-4.1; not claude-3-7-sonnet, which streams it all.
+    (re.compile(r"claude-(?:[a-z]+-)?(?:[4-9]|[1-9][0-9])(?![0-9])"), "summarized_thinking"),
+    # o1, o3-mini, o4-mini-2025-04-16, openai/o3; gpt-5, gpt-5-mini, gpt-5.1-codex (not
+    # gpt-5-chat-latest, which does not reason); codex-mini-latest.
+    (re.compile(r"(?:^|[/.:])o[1-9](?:-|$)"), "silent_reasoning"),
+    (re.compile(r"(?:^|[/.:])gpt-5(?![0-9a-z.-]*-chat)"), "silent_reasoning"),
+    (re.compile(r"(?:^|[/.:])codex-mini"), "silent_reasoning"),
+)
+
+
+def default_unseen_output(model: str) -> UnseenOutput:
+    """What ``model`` bills without streaming it, by its family (:data:`UNSEEN_OUTPUT_BY_MODEL`)."""
+    name = model.lower()
+    return next((kind for pattern, kind in UNSEEN_OUTPUT_BY_MODEL if pattern.search(name)), "none")
 
 
 class RouteConfig(_Model):
@@ -189,10 +233,20 @@ class RouteConfig(_Model):
     min_output_reservation: PosInt = 16
     # How long a request may wait for holds in flight (default: the gateway's).
     queue_wait_seconds: NonNegFloat | None = None
+    # The most PDF pages a request may carry, all documents together (default: no cap but the
+    # gateway's own, hardcap_core/wire/pdf.py MAX_PAGES); more is a 400.
+    max_pdf_pages: PosInt | None = None
     # Other routes tried in order when this one's upstream fails before any byte reached the
     # client (429, 5xx, timeout, connection error) or its breaker is open. Each is priced and
     # capped as itself; the reservation is made at the highest prices of the chain.
     fallbacks: list[RouteName] = []
+    # Output its provider bills without streaming it: none, summarized_thinking (the full
+    # thinking of a streamed summary) or silent_reasoning (default: by the model's family).
+    unseen_output: UnseenOutput | None = None
+
+    def unseen(self) -> UnseenOutput:
+        """``unseen_output``, or the default of the model's family."""
+        return self.unseen_output or default_unseen_output(self.model or self.name)
 
     @model_validator(mode="after")
     def _reservation(self) -> RouteConfig:

@@ -17,6 +17,10 @@ from hardcap_core import env
 from hardcap_core.errors import ConfigError
 
 EstimatorKind = Literal["max_tokens", "fixed", "p95"]
+# What output a route's provider bills without streaming it (docs/config.md, `unseen_output`;
+# hardcap_core/gateway/unseen.py): none, the full thinking of a streamed summary, or reasoning
+# it never streams.
+UnseenOutput = Literal["none", "summarized_thinking", "silent_reasoning"]
 
 # The longest wait a refusal lets the official SDKs sleep through inside one call; a longer one
 # comes with `x-should-retry: false` next to its Retry-After (gateway/answers.py). Why 60 s:

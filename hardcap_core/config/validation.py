@@ -21,7 +21,16 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from hardcap_core.auth import KeyIndex
-from hardcap_core.budgets import Dimension, Level, LevelKind, Prices, RateLimit, Scope, Window
+from hardcap_core.budgets import (
+    Dimension,
+    Level,
+    LevelKind,
+    LongContext,
+    Prices,
+    RateLimit,
+    Scope,
+    Window,
+)
 from hardcap_core.config.model import Config, Policy, Principal, Route, Upstream
 from hardcap_core.config.schema import ConfigFile, LevelConfig, PriceConfig
 from hardcap_core.config.settings import GatewaySettings, env_overrides
@@ -60,21 +69,12 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
         )  # fmt: skip
     routes: dict[str, Route] = {}
     for r in file.routes:
-        p = r.price or PriceConfig(input_per_million=0, output_per_million=0)
-        kind = upstreams[r.upstream].kind
-        # OpenAI-compatible APIs do not bill cache writes: unless the route says, a write costs
-        # what input does there, and 1.25x it where the provider bills writes (Anthropic).
-        write = p.cache_write_per_million
-        if write is None and kind == "openai":
-            write = p.input_per_million
-        prices = Prices.per_million(
-            p.input_per_million, p.output_per_million, p.cached_input_per_million, write
-        )
+        prices = _prices(r.price, upstreams[r.upstream].kind)
         routes[r.name] = Route(
             r.name, upstreams[r.upstream], r.model or r.name, r.estimator.settings(),
             Policy(r.policy), prices,
             r.max_output_tokens, r.min_output_reservation, tuple(r.fallbacks),
-            r.queue_wait_seconds,
+            r.queue_wait_seconds, unseen_output=r.unseen(), max_pdf_pages=r.max_pdf_pages,
         )  # fmt: skip
     orgs = {o.id: o for o in file.orgs}
     by_hash: dict[str, Principal] = {}
@@ -103,6 +103,24 @@ def _scope(chain: Sequence[tuple[Level, LevelConfig]]) -> Scope:
         and (r.requests_per_minute is not None or r.tokens_per_minute is not None)
     ]
     return Scope(tuple(level for level, _ in chain), tuple(budgets), tuple(rates))
+
+
+def _prices(price: PriceConfig | None, kind: str) -> Prices:
+    p = price or PriceConfig(input_per_million=0, output_per_million=0)
+    # OpenAI-compatible APIs do not bill cache writes: unless the route says, a write costs
+    # what input does there, and 1.25x it where the provider bills writes (Anthropic).
+    write = p.cache_write_per_million
+    if write is None and kind == "openai":
+        write = p.input_per_million
+    lc = p.long_context
+    return Prices.per_million(
+        p.input_per_million, p.output_per_million, p.cached_input_per_million, write,
+        p.cache_write_1h_per_million, tiers=tuple(sorted(p.service_tiers.items())),
+        long_context=lc and LongContext(lc.above_input_tokens, lc.input_multiplier,
+                                        lc.output_multiplier),
+        # Only an OpenAI-compatible API is sent a request's service_tier (docs/config.md).
+        sends_tier=kind == "openai",
+    )  # fmt: skip
 
 
 def _cross_check(file: ConfigFile) -> Iterable[str]:

@@ -23,7 +23,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -62,6 +62,7 @@ OPENAI = OpenAIChat()
 ANTHROPIC = AnthropicMessages()
 # Paths whose 404 and 405 answer in Anthropic's error shape (its SDKs read no other).
 ANTHROPIC_PATHS = "/v1/messages"
+CLIENT_CLOSED_REQUEST = 499  # the status logged for a client that left (nginx's convention)
 
 
 class Runtime:
@@ -178,6 +179,12 @@ def create_app(
                 response = await handler(gateway, request, principal, wire)
                 status = response.status_code
                 return response
+            except ClientDisconnect:
+                # The client left before its answer: mid-upload, or while its request waited
+                # in the admission queue (which it has left). Nobody reads this reply, and the
+                # error is not the gateway's: the request's line says 499, no traceback.
+                status = CLIENT_CLOSED_REQUEST
+                return Response(status_code=status)
             except GatewayError as e:
                 status = e.status
                 shed = isinstance(e, Overloaded)
@@ -229,7 +236,8 @@ def create_app(
         headers = dict(exc.headers or {}) if isinstance(exc, HTTPException) else {}
         error: GatewayError
         if status == 405:
-            allowed = headers.get("allow", "")
+            # Starlette names the header "Allow": HTTP header names are case-insensitive.
+            allowed = next((v for k, v in headers.items() if k.lower() == "allow"), "")
             error = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}; "
                                      f"use {allowed}.")  # fmt: skip
         elif status == 404:

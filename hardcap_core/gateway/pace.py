@@ -3,16 +3,30 @@
 When the gateway stops a stream, the provider has already generated the tokens in TCP buffers
 and the ones it makes until it notices the close. :class:`Pace` keeps what that guess needs:
 the provider's speed since its first read (the first read may carry a backlog from before it,
-so the rate starts after it), when the last read came, and the most tokens one of the recent
+so the rate starts after it), when the last read came, the most tokens one of the recent
 reads brought (a gateway in step reads one at a time; one that was stalled lately may stall
-again before it decides). docs/design.md "Tokens in flight".
+again before it decides), and since when the gateway has been waiting for the next read
+(:class:`Listened`). docs/design.md "Tokens in flight".
+
+What the provider may have generated since the last read is its speed times the time the
+gateway was *behind* it: busy with something else (a ledger round trip, a slow client's
+write) while output may have queued unread. Time the gateway spent waiting for the next read
+is not behind: whatever the provider sent meanwhile would have been read at once, so a
+provider that streams everything it generates, and sent nothing, generated nothing then (what
+it sends in batches is in the stall margin; what is on the wire, in ``guard_s`` and the loop's
+lag). A silent provider may still think unseen: that output is not in flight but unseen, and
+is held and charged on its own (:mod:`.unseen`).
 """
 
 from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+
+from hardcap_core.events import Read
 
 SPEED_MIN_S = 0.1  # the provider's speed is measured over at least this long
 STALL_WINDOW = 32  # reads over which the largest read is remembered
@@ -28,10 +42,12 @@ class Pace:
         self._arrived = 0  # output tokens read after the first read
         self._batches: collections.deque[int] = collections.deque(maxlen=STALL_WINDOW)
         self._stall = 0  # the most tokens one of those reads brought, less one
+        self._listening: float | None = None  # waiting for the next read since then
 
     def read(self, tokens: int) -> None:
         """One network read brought ``tokens`` output tokens."""
         now = self._clock()
+        self._listening = None
         if self._first_read is None:
             self._first_read = now
         else:
@@ -44,14 +60,54 @@ class Pace:
                 self._stall = max(max(self._batches) - 1, 0)
         self._read_at = now
 
+    def listen(self) -> None:
+        """The gateway waits for the provider's next read from now until one comes (or the
+        stream ends)."""
+        if self._listening is None:
+            self._listening = self._clock()
+
     def in_flight(self, guard: int, guard_s: float, lag_s: float) -> int:
         """Tokens generated past what was read, or before a close sent now is noticed: the
-        speed times (the time since the last read + ``guard_s`` to notice + ``lag_s``, how
-        long the process stalled lately, as it may again before the close goes out), plus
-        ``guard``, plus the stall margin (the largest recent read, less one)."""
+        speed times (the time behind since the last read + ``guard_s`` to notice + ``lag_s``,
+        how long the process stalled lately, as it may again before the close goes out), plus
+        ``guard``, plus the stall margin (the largest recent read, less one). The time behind
+        ends when the gateway began waiting for the next read (see the module)."""
         if self._first_read is None:
             return guard
         elapsed = max(self._read_at - self._first_read, SPEED_MIN_S)
         speed = self._arrived / elapsed  # tokens per second arriving since the first read
-        behind = self._clock() - self._read_at + guard_s + lag_s
+        until = self._clock() if self._listening is None else self._listening
+        behind = until - self._read_at + guard_s + lag_s
         return guard + self._stall + math.ceil(speed * behind)
+
+
+class Listened(AbstractAsyncContextManager[AsyncIterator[Read]]):
+    """A provider's stream (a :meth:`~hardcap_core.providers.base.Provider.stream` context)
+    that tells ``pace`` whenever the gateway starts waiting for its next read."""
+
+    def __init__(
+        self, opened: AbstractAsyncContextManager[AsyncIterator[Read]], pace: Pace
+    ) -> None:
+        self._opened = opened
+        self._pace = pace
+
+    async def __aenter__(self) -> AsyncIterator[Read]:
+        return _Reads(await self._opened.__aenter__(), self._pace)
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return await self._opened.__aexit__(kind, error, tb)
+
+
+class _Reads(AsyncIterator[Read]):
+    def __init__(self, reads: AsyncIterator[Read], pace: Pace) -> None:
+        self._reads = reads
+        self._pace = pace
+
+    async def __anext__(self) -> Read:
+        self._pace.listen()  # until a read comes, or the wait ends the stream
+        return await anext(self._reads)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from hardcap_core import json_codec
@@ -34,13 +34,16 @@ from hardcap_core.errors import (
     UpstreamMalformed,
 )
 from hardcap_core.gateway.answers import output_room, refusal, upstream_states, usage_row
+from hardcap_core.gateway.charge import request_prices
 from hardcap_core.gateway.failover import Targets
 from hardcap_core.gateway.loop_lag import LoopLag
 from hardcap_core.gateway.meter import Meter, MeterSettings, SettleFallback
 from hardcap_core.gateway.metrics import record_request
+from hardcap_core.gateway.pace import Listened
 from hardcap_core.gateway.queue import Wakeups, admit_in_turn
 from hardcap_core.gateway.relay import Relay
 from hardcap_core.gateway.response import RelayResponse
+from hardcap_core.gateway.unseen import SEEN, unseen_output
 from hardcap_core.ledger import (
     Admitted,
     BudgetState,
@@ -61,6 +64,7 @@ from hardcap_core.outcome import Outcome
 from hardcap_core.providers.base import Provider
 from hardcap_core.wire.anthropic_count import anthropic_extra_tokens
 from hardcap_core.wire.base import Charged, WireFormat
+from hardcap_core.wire.openai_input import check_pdf_pages
 
 DEADLINE_MARGIN_S = 3.0  # end and settle a stream this long before Lambda's timeout
 # A request stops waiting to be admitted at least this long before Lambda's timeout, so that
@@ -96,9 +100,8 @@ class Gateway:
         self.ledger = ledger
         self.providers = providers  # by upstream kind: openai, anthropic, bedrock
         self.breakers = Breakers(ledger.client, ledger.scripts, ledger.keys)
-        # Per route, once: its chain of targets and the prices a request on it is held at.
+        # Per route, once: its chain of targets.
         self.chains = {name: config.chain(r) for name, r in config.routes.items()}
-        self.hold_prices = {name: config.hold_prices(r) for name, r in config.routes.items()}
         self.fallback = fallback  # where a settle the cache does not take is kept
         self.estimators = {name: self._estimator(r) for name, r in config.routes.items()}
         g = config.gateway
@@ -141,6 +144,7 @@ class Gateway:
         arrived = time.perf_counter()
         chat = wire.parse(await self.read_body(request))
         route = self.route_for(chat.model, principal)
+        check_pdf_pages(chat.body, route.max_pdf_pages)  # a 400 past the route's cap
         limit = route.max_output_tokens
         if chat.max_tokens is not None and chat.max_tokens > limit:
             raise InvalidRequest(
@@ -156,7 +160,7 @@ class Gateway:
         deadline = _deadline(request)  # read once: the queue and the stream stop before it
         wait_until = None if deadline is None else deadline - QUEUE_MARGIN_S
         admission = await self._admit(
-            principal, route, chat, max_tokens, meta, wire, arrived, wait_until
+            principal, route, chat, max_tokens, meta, wire, arrived, wait_until, request
         )
         if self.config.gateway.log_prompts:  # opt-in only: prompts may hold personal data
             logger.info("prompt", extra={"route": route.name, "messages": chat.messages})
@@ -170,7 +174,7 @@ class Gateway:
         upstream_cap = max_tokens if room is None else min(max_tokens, room)
         admission.meter.asked = upstream_cap
         relay = Relay(
-            targets.stream(chat, upstream_cap),
+            Listened(targets.stream(chat, upstream_cap), admission.meter.pace),
             admission.meter,
             wire.encoder(chat, model=route.name, same_dialect=same),
             deadline=None if deadline is None else deadline - DEADLINE_MARGIN_S,
@@ -251,10 +255,12 @@ class Gateway:
         wire: WireFormat,
         arrived: float,
         deadline: float | None,
+        request: Request,
     ) -> Admission:
         policy = route.policy
         estimator = self.estimators[route.name]
         input_tokens = self._input_bound(route, chat)
+        held, prices = request_prices(self.config, route, chat.body, input_tokens)  # or a 400
         if policy is Policy.COUNT_AFTER:
             estimate = 1  # the baseline: the budget sees nothing of the reply until it ends
         elif chat.stream:
@@ -263,7 +269,11 @@ class Gateway:
             )  # never raises: without the budget server it estimates max_tokens
         else:
             estimate = max_tokens  # a reply that cannot be cut is capped at what is reserved
-        least = min(route.min_output_reservation, estimate) if policy.cuts else estimate
+        # Output the provider bills without streaming it is reserved up front (gateway/unseen.py).
+        unseen = unseen_output(route, chat, max_tokens) if chat.stream and policy.extends else SEEN
+        estimate = unseen.hold(estimate, max_tokens, route.min_output_reservation)
+        least = unseen.least(route.min_output_reservation, max_tokens)
+        least = min(least, estimate) if policy.cuts else estimate
         rid = uuid.uuid4().hex
         g = self.config.gateway
 
@@ -273,7 +283,7 @@ class Gateway:
                 input_tokens=input_tokens,
                 output_estimate=estimate,
                 min_output=least,
-                prices=self.hold_prices[route.name],
+                prices=held,
                 reservation_id=rid,
                 fail_open=principal.fail_mode == "open",
                 meta=meta,
@@ -291,23 +301,23 @@ class Gateway:
         waited = await self._ledger_call(
             admit_in_turn(
                 admit, ledger=self.ledger, scope=principal.scope, reservation_id=rid,
-                meta=meta, wait_s=wait_s, wakeups=self.wakeups,
+                meta=meta, wait_s=wait_s, wakeups=self.wakeups, receive=request.receive,
             )
         )  # fmt: skip
-        result = waited.result
+        result, left = waited.result, waited.client_left  # left: its client left the queue
         wait_header = {QUEUE_WAIT_HEADER: str(round(waited.seconds * 1000))}
         if isinstance(result, Refused):
             error = refusal(result, wire)
             error.headers.update(wait_header)
             if waited.seconds:
                 record_request(
-                    outcome=result.reason.value, upstream=route.upstream.name,
-                    added_latency_ms=0.0, queue_wait_ms=waited.seconds * 1000,
-                    message="request refused after waiting",
+                    outcome=Outcome.CLIENT_GONE.value if left else result.reason.value,
+                    upstream=route.upstream.name, added_latency_ms=0.0,
+                    queue_wait_ms=waited.seconds * 1000, message="request refused after waiting",
                     context={"route": route.name, "request_id": meta.request_id,
                              "tenant": meta.tenant, "key_id": meta.key_id},
                 )  # fmt: skip
-            raise error
+            raise ClientDisconnect() if left else error  # nobody to answer, nothing sent
         reservation = None
         room = None
         unguarded_id = None
@@ -323,7 +333,9 @@ class Gateway:
             reservation = result.reservation
             headers = wire.budget_headers(result.budgets, result.rates, result.server_time_ms)
             if policy.cuts:
-                room = output_room(result, self.hold_prices[route.name])
+                room = output_room(result, held)
+            if policy.cuts and unseen.whole:  # a reply it cannot see it cannot cut: ask the hold
+                room = reservation.output_reserved
         headers.update(wait_header)
         meter = Meter(
             self.ledger,
@@ -333,7 +345,7 @@ class Gateway:
             input_estimate=input_tokens,
             estimator=estimator,
             route=route.name,
-            prices=route.prices,
+            prices=prices,
             meta=meta,
             cap=max_tokens,
             unguarded_id=unguarded_id,
@@ -344,6 +356,7 @@ class Gateway:
             loop_lag=self.loop_lag.recent_max_s,
             on_settled=lambda: self.wakeups.freed(principal.scope),
         )
+        meter.unseen = unseen
         return Admission(meter, headers, room)
 
     async def _complete(

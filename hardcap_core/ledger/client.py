@@ -23,7 +23,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from hardcap_core.budgets import Prices, Scope
 from hardcap_core.errors import LedgerProtocolError, LedgerUnavailable
@@ -168,14 +168,20 @@ class Ledger:
         return parse_admit(reply, scope, asked)
 
     async def leave_queue(
-        self, scope: Scope, reservation_id: str, *, meta: ReservationMeta = NO_META
+        self,
+        scope: Scope,
+        reservation_id: str,
+        *,
+        meta: ReservationMeta = NO_META,
+        outcome: Literal["busy", "client_gone"] = "busy",
     ) -> bool:
-        """Give up ``reservation_id``'s place in its tenant's admission queue (it waited as long
-        as it could), recording the refusal once; True if it was still waiting."""
+        """Give up ``reservation_id``'s place in its tenant's admission queue, recording the
+        refusal once with ``outcome``: ``busy`` (it waited as long as it could) or
+        ``client_gone`` (its client left); True if it was still waiting."""
         plan = self.plans.of(scope)
         record = dumps(_with_levels(meta, plan).record())
         keys = [*plan.ledger_keys, *plan.queue_keys]
-        reply = await guarded(self.scripts.leave(keys=keys, args=[reservation_id, record, "busy"]))
+        reply = await guarded(self.scripts.leave(keys=keys, args=[reservation_id, record, outcome]))
         return bool(int(reply[2]))
 
     async def extend(

@@ -56,7 +56,8 @@ def run_demo(config_path: str, port: int, *, once: bool, mock_port: int | None =
     valkey = aws = mock = gateway = timer = None
     try:
         valkey = LocalValkey().start()
-        os.environ[env.REDIS_URL] = valkey.url
+        # As its user on a deployed cache: no FLUSHALL, FLUSHDB, KEYS, CONFIG or DEBUG.
+        os.environ[env.REDIS_URL] = valkey.gateway_url
         # Sets the environment the gateway reads the usage table's name from.
         aws = LocalAws().start()
         # Loaded once the variable is set: it overrides the config's redis_url.

@@ -15,17 +15,26 @@ The prompt is billed as Anthropic bills it, with cl100k_base standing in for Cla
 tokenizer (`anthropic_prompt_tokens`): the system prompt, every message's blocks (text,
 tool_use name and input, tool_result content, thinking text, documents), images by
 Anthropic's rule (width x height / 750 after scaling to fit 1568 px and 1.15 megapixels, at
-most 1,600; 1,600 when the size cannot be read), each tool's definition and, with tools, the
-tool-use system prompt Anthropic adds (:data:`TOOL_SYSTEM_TOKENS`). `count_tokens` answers the
+most 1,600; 1,600 when the size cannot be read), a base64 PDF document as its PDF support page
+says (each page's extracted text, and an image of the page, rendered as `mock_billing` does and
+billed by the image rule; a PDF it cannot read is refused, as the API refuses it), each tool's
+definition and, with tools, the tool-use system prompt Anthropic adds
+(:data:`TOOL_SYSTEM_TOKENS`). `count_tokens` answers the
 same bill. Usage reports it split: `cache_read_input_tokens` and `cache_creation_input_tokens`
-by `[mock:cache_read=N]` and `[mock:cache_write=N]`, the rest as `input_tokens`.
+by `[mock:cache_read=N]` and `[mock:cache_write=N]`, the rest as `input_tokens`; the writes
+split again in `cache_creation` by how long they are kept, as Anthropic reports them: those
+within the blocks up to the last one marked `cache_control: {"ttl": "1h"}` are kept an hour
+(billed 2x input, against 1.25x for the default 5 minutes; `hour_prefix`).
 
 Directives work as in the OpenAI mode (`mock_upstream`): tokens, pace_ms, thinking (thinking
 blocks streamed as thinking_delta; a `thinking` parameter of type "enabled" draws their
 length when no directive says), tool_use, ignore_cap, die_after, eof_after, status,
 retry_after, hang, cache_read, cache_write, and malformed=3 (an `error` event, then the body
-ends) or 5 (data that is not JSON); faults from `POST /mock/fault` too. `max_tokens` caps
-thinking and output together: stop_reason "max_tokens". Others (hidden, silent_ms, audio,
+ends) or 5 (data that is not JSON); faults from `POST /mock/fault` too. Its own: summarize=N
+(thinking streamed as a summary, one token in N, billed in full, as Claude 4 models do) and
+stall_after=N (nothing more after N steps until the client leaves). `max_tokens` caps
+thinking and output together: stop_reason "max_tokens"; `thinking.budget_tokens` caps the
+thinking, as it caps the full thinking of Claude 4. Others (hidden, silent_ms, audio,
 function_call, gzip, other malformed kinds) are refused with a 400.
 """
 
@@ -47,7 +56,7 @@ from hardcap_core.local.mock_anthropic_replies import (
     message_body,
     stream_messages,
 )
-from hardcap_core.local.mock_billing import value_tokens
+from hardcap_core.local.mock_billing import pdf_pages, text_tokens, value_tokens
 from hardcap_core.local.mock_faults import Faults, apply_fault, hang, retry_headers
 from hardcap_core.local.mock_plan import ChatRequest, Plan
 from hardcap_core.local.mock_replies import CuttableStreamingResponse, dropped
@@ -142,6 +151,10 @@ def _check_block(block: Any, where: str) -> None:
                 raise Invalid(f"{where}.source: a base64 image needs media_type and data")
         elif source.get("type") != "url" or not isinstance(source.get("url"), str):
             raise Invalid(f"{where}.source: type 'base64' or 'url'")
+    if block["type"] == "document" and _pdf(block) is None:
+        source = block.get("source")
+        if isinstance(source, dict) and source.get("type") == "base64":
+            raise Invalid(f"{where}.source: The PDF specified was not valid.")
     if block["type"] == "tool_use" and not (block.get("id") and block.get("name")):
         raise Invalid(f"{where}: tool_use needs id and name")
     if block["type"] == "tool_result" and not block.get("tool_use_id"):
@@ -193,6 +206,30 @@ def anthropic_prompt_tokens(body: Mapping[str, Any]) -> int:
     return total
 
 
+def hour_prefix(body: Mapping[str, Any]) -> int:
+    """The prompt tokens through the last block marked to be cached an hour (`cache_control`
+    with `ttl: "1h"`), in the order Anthropic caches a prompt: tools, system, messages."""
+    tools = body.get("tools") or []
+    end = TOOL_SYSTEM_TOKENS + value_tokens(body.get("tool_choice")) if tools else 0
+    marked = 0
+    blocks: list[tuple[Any, int]] = [(tool, value_tokens(tool)) for tool in tools]
+    system = body.get("system")
+    blocks += [(b, _content_tokens([b])) for b in _listed(system)]
+    for message in body.get("messages") or ():
+        parts = _listed(message.get("content"))
+        blocks += [(None, TOKENS_PER_MESSAGE), *((b, _content_tokens([b])) for b in parts)]
+    for block, tokens in blocks:
+        end += tokens
+        mark = block.get("cache_control") if isinstance(block, dict) else None
+        if isinstance(mark, dict) and mark.get("ttl") == "1h":
+            marked = end
+    return marked
+
+
+def _listed(content: Any) -> list[Any]:
+    return content if isinstance(content, list) else [content]
+
+
 def _content_tokens(content: Any) -> int:
     if not isinstance(content, list):
         return value_tokens(content)
@@ -204,6 +241,9 @@ def _content_tokens(content: Any) -> int:
             total += image_tokens(block.get("source"))
         elif block.get("type") == "tool_result":
             total += _content_tokens(block.get("content"))
+        elif block.get("type") == "document" and (pages := _pdf(block)) is not None:
+            total += sum(text_tokens(text) + _size_tokens(size) for text, size in pages)
+            total += value_tokens(block.get("title")) + value_tokens(block.get("context"))
         else:
             total += sum(
                 _content_tokens(v) if k == "content" else value_tokens(v)
@@ -213,11 +253,23 @@ def _content_tokens(content: Any) -> int:
     return total
 
 
+def _pdf(block: dict[str, Any]) -> tuple[tuple[str, tuple[int, int]], ...] | None:
+    """The pages of a document block's base64 PDF (see `mock_billing.pdf_pages`)."""
+    source = block.get("source")
+    if not isinstance(source, dict) or source.get("type") != "base64":
+        return None
+    return pdf_pages(base64_bytes(str(source.get("data", ""))))
+
+
 def image_tokens(source: Any) -> int:
     """Anthropic's image rule: (w x h) / 750 after scaling down to fit, at most 1,600."""
     size = None
     if isinstance(source, dict) and source.get("type") == "base64":
         size = image_size(base64_bytes(str(source.get("data", "")), 64 * 1024))
+    return _size_tokens(size)
+
+
+def _size_tokens(size: tuple[int, int] | None) -> int:
     if size is None:
         return IMAGE_MAX_TOKENS
     width, height = size
@@ -282,10 +334,11 @@ def anthropic_routes(
                 return await hang(request)
             message = f"injected error ([mock:status={plan.status}])"
             return error(plan.status, message, retry_headers(plan.retry_after))
+        hour = hour_prefix(body)
         if req.stream:
-            events = stream_messages(req.model, plan, account, first_token_ms)
+            events = stream_messages(req.model, plan, account, first_token_ms, hour)
             return CuttableStreamingResponse(events, account)
-        return await _whole(req.model, plan, account, first_token_ms)
+        return await _whole(req.model, plan, account, first_token_ms, hour)
 
     async def count_tokens(request: Request) -> Response:
         try:
@@ -309,15 +362,20 @@ def _plan(planner: Planner, req: ChatRequest, body: dict[str, Any]) -> Plan:
     if refused or (plan.malformed is not None and plan.malformed not in ANTHROPIC_MALFORMED):
         what = refused[0] if refused else f"malformed={plan.malformed}"
         raise Invalid(f"[mock:{what}] is not available in the Anthropic mode")
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and type(budget := thinking.get("budget_tokens")) is int:
+        plan = dataclasses.replace(plan, reasoning=plan.reasoning[:budget])
     return dataclasses.replace(plan, prompt_tokens=anthropic_prompt_tokens(body))
 
 
-async def _whole(model: str, plan: Plan, account: Account, first_token_ms: float) -> Response:
+async def _whole(
+    model: str, plan: Plan, account: Account, first_token_ms: float, hour: int
+) -> Response:
     finished = False
     try:
         steps = len(plan.reasoning) + len(plan.content)
         await asyncio.sleep((first_token_ms + steps * plan.pace_ms) / 1000)
-        body = message_body(model, plan)
+        body = message_body(model, plan, hour)
         if plan.drop:
             events = dropped(json.dumps(body).encode(), account)
             return CuttableStreamingResponse(events, account, None, "application/json")

@@ -6,7 +6,9 @@ A stream is `message_start` (input usage and, as Anthropic sends it, `output_tok
 then per content block `content_block_start`, its deltas and `content_block_stop` (a `ping`
 after the first block starts, as Anthropic sends one), then `message_delta` (stop_reason,
 cumulative output_tokens) and `message_stop`. A thinking block streams `thinking_delta` per
-billed thinking token and ends with an unbilled `signature_delta`; a tool_use block brings
+billed thinking token (with `Plan.summarize`, a summary: one per that many billed, the last
+always, as Claude 4 models stream it) and ends with an unbilled `signature_delta`; `stall_after`
+steps in, the stream stalls until the client leaves; a tool_use block brings
 its name at `content_block_start` (unbilled, as Anthropic counts a call's input) and its
 input as `input_json_delta` fragments.
 """
@@ -22,6 +24,7 @@ import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from hardcap_core.local.mock_faults import HANG_LIMIT_S
 from hardcap_core.local.mock_plan import ERROR_OBJECT, NOT_JSON, Plan
 from hardcap_core.local.mock_replies import MockAbort
 from hardcap_core.local.mock_truth import Account
@@ -41,17 +44,27 @@ def signature(text: str) -> str:
     return base64.b64encode(hashlib.sha256(text.encode()).digest() * 4).decode()
 
 
-def usage(plan: Plan, output_tokens: int) -> dict[str, Any]:
+def usage(plan: Plan, output_tokens: int, hour_prefix: int = 0) -> dict[str, Any]:
     """Anthropic's usage: `input_tokens` are the prompt tokens neither read from nor written
-    to the cache; the three add up to the whole prompt."""
+    to the cache; the three add up to the whole prompt. The cache holds a prefix: the first
+    `cache_read` tokens are read, the next `cache_write` written; of those written, the ones
+    within the first `hour_prefix` tokens (through the last block marked `ttl: "1h"`) are
+    kept an hour, billed 2x input against 1.25x, and `cache_creation` says how many."""
     read = min(plan.cache_read, plan.prompt_tokens)
     written = min(plan.cache_write, plan.prompt_tokens - read)
-    return {
+    out: dict[str, Any] = {
         "input_tokens": plan.prompt_tokens - read - written,
         "cache_creation_input_tokens": written,
         "cache_read_input_tokens": read,
         "output_tokens": output_tokens,
     }
+    if written:
+        hour = max(0, min(read + written, hour_prefix) - read)
+        out["cache_creation"] = {
+            "ephemeral_5m_input_tokens": written - hour,
+            "ephemeral_1h_input_tokens": hour,
+        }
+    return out
 
 
 def _blocks(plan: Plan) -> list[tuple[str, list[str]]]:
@@ -68,9 +81,10 @@ def _event(name: str, payload: dict[str, Any]) -> bytes:
 
 
 async def stream_messages(
-    model: str, plan: Plan, account: Account, first_token_ms: float
+    model: str, plan: Plan, account: Account, first_token_ms: float, hour_prefix: int = 0
 ) -> AsyncGenerator[bytes, None]:
-    """The SSE events of one streamed message; counts each billed token into `account`."""
+    """The SSE events of one streamed message; counts each billed token into `account`
+    (`hour_prefix`: see `usage`)."""
     message: dict[str, Any] = {
         "id": f"msg_{uuid.uuid4().hex[:24]}",
         "type": "message",
@@ -82,7 +96,7 @@ async def stream_messages(
         # Anthropic's message_start counts one output token before any is streamed (its
         # streaming guide's example says `"output_tokens": 1`); message_delta's cumulative
         # count replaces it, so the ground truth, counted per streamed token, does not.
-        "usage": usage(plan, 1),
+        "usage": usage(plan, 1, hour_prefix),
     }
     total = sum(len(pieces) for _, pieces in _blocks(plan))
     die, eof = (None if n is None else min(n, total) for n in (plan.die_after, plan.eof_after))
@@ -97,7 +111,7 @@ async def stream_messages(
             yield _event("content_block_start", _block_start(index, kind, plan))
             if index == 0:
                 yield _event("ping", {"type": "ping"})
-            for piece in [*pieces, None]:
+            for n, piece in enumerate([*pieces, None]):
                 if step == bad_at:
                     bad_at = None
                     yield _bad_event(plan)
@@ -107,6 +121,9 @@ async def stream_messages(
                     raise MockAbort
                 if step == eof:
                     return
+                if step == plan.stall_after:
+                    await asyncio.sleep(HANG_LIMIT_S)  # stalled: nothing until the client leaves
+                    return
                 if piece is None:
                     break
                 await asyncio.sleep(
@@ -114,7 +131,8 @@ async def stream_messages(
                 )
                 account.add_tokens(1)
                 step += 1
-                yield _event("content_block_delta", _delta(index, kind, piece))
+                if kind != "thinking" or _shown(n, len(pieces), plan.summarize):
+                    yield _event("content_block_delta", _delta(index, kind, piece))
             if kind == "thinking":
                 sig = {"type": "signature_delta", "signature": signature("".join(pieces))}
                 yield _event(
@@ -129,6 +147,12 @@ async def stream_messages(
         finished = True
     finally:
         account.close(finished)
+
+
+def _shown(n: int, count: int, every: int) -> bool:
+    """Whether thinking token ``n`` of ``count`` is streamed when one in ``every`` is (a
+    summary: the last always is, so the shortest thinking shows something)."""
+    return n % every == every - 1 or n == count - 1
 
 
 def _block_start(index: int, kind: str, plan: Plan) -> dict[str, Any]:
@@ -162,13 +186,15 @@ def _tool_id() -> str:
     return f"toolu_{uuid.uuid4().hex[:24]}"
 
 
-def message_body(model: str, plan: Plan) -> dict[str, Any]:
-    """A whole (non-streamed) `message`."""
+def message_body(model: str, plan: Plan, hour_prefix: int = 0) -> dict[str, Any]:
+    """A whole (non-streamed) `message` (`hour_prefix`: see `usage`)."""
     content: list[dict[str, Any]] = []
     for kind, pieces in _blocks(plan):
         text = "".join(pieces)
         if kind == "thinking":
-            content.append({"type": "thinking", "thinking": text, "signature": signature(text)})
+            every = plan.summarize
+            shown = "".join(p for n, p in enumerate(pieces) if _shown(n, len(pieces), every))
+            content.append({"type": "thinking", "thinking": shown, "signature": signature(text)})
         elif kind == "tool_use":
             try:
                 arguments = json.loads(text)
@@ -187,5 +213,5 @@ def message_body(model: str, plan: Plan) -> dict[str, Any]:
         "content": content,
         "stop_reason": STOP_REASONS[plan.finish_reason],
         "stop_sequence": None,
-        "usage": usage(plan, plan.completion_tokens),
+        "usage": usage(plan, plan.completion_tokens, hour_prefix),
     }

@@ -14,8 +14,9 @@ the tokens of each of its values, 1 more for a name, 3 to prime the reply. Beyon
   ``data:`` URL carries a PNG, JPEG, GIF or WebP header, else the bound (1445);
 - input audio: 10 tokens a second (1 per 100 ms), the duration from a WAV header or an MP3
   frame's bitrate, else at 8 kbit/s;
-- files: the tokens of their bytes read as UTF-8 text (a stand-in: a real provider extracts a
-  PDF's text and adds an image of each page).
+- files: a PDF as OpenAI's file inputs guide says, the extracted text of each page (pypdf's
+  extraction) and an image of each page, rendered at :data:`PAGE_PX_PER_POINT` pixels a point
+  and billed by the image rule; any other file, the tokens of its bytes read as UTF-8 text.
 
 The tokenizer is loaded on first use (about 0.2 s), not on import, so the mock starts fast.
 """
@@ -23,7 +24,9 @@ The tokenizer is loaded on first use (about 0.2 s), not on import, so the mock s
 from __future__ import annotations
 
 import functools
+import io
 import json
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -44,6 +47,7 @@ TOKENS_PER_NAME = 1
 REPLY_PRIMING = 3
 FUNCTION_FRAME = 7 + 12
 AUDIO_TOKENS_PER_SECOND = 10
+PAGE_PX_PER_POINT = 2  # a PDF page is rendered at 144 dpi (a point is 1/72 inch)
 
 # Parameters of the call, not billed as prompt text (OpenAI's chat-completions reference).
 PARAMETERS = frozenset(
@@ -153,8 +157,34 @@ def _file_data(value: Any) -> int:
     payload = data_url_payload(value) if isinstance(value, str) else None
     if payload is None:
         return value_tokens(value)
+    data = base64_bytes(payload)
+    pages = pdf_pages(data)
+    if pages is not None:
+        return sum(text_tokens(text) + image_tokens(size, None) for text, size in pages)
     # Invalid UTF-8 is dropped rather than replaced: never more tokens than bytes.
-    return text_tokens(base64_bytes(payload).decode("utf-8", "ignore"))
+    return text_tokens(data.decode("utf-8", "ignore"))
+
+
+@functools.lru_cache(maxsize=16)
+def pdf_pages(data: bytes) -> tuple[tuple[str, tuple[int, int]], ...] | None:
+    """Each page of a PDF: its text as pypdf extracts it, and the size in pixels of its image;
+    None if ``data`` is not a PDF pypdf reads (opened with the empty password if encrypted)."""
+    import pypdf  # here: the mock bills a PDF rarely
+
+    logging.getLogger("pypdf").setLevel(logging.ERROR)
+    try:
+        reader = pypdf.PdfReader(io.BytesIO(data))
+        if reader.is_encrypted and not reader.decrypt(""):
+            return None
+        return tuple((page.extract_text(), _pixels(page)) for page in reader.pages) or None
+    except Exception:  # pypdf raises many kinds on what is not a PDF: then it is billed as text
+        return None
+
+
+def _pixels(page: Any) -> tuple[int, int]:
+    box = page.mediabox
+    width, height = abs(float(box.width)), abs(float(box.height))
+    return max(1, round(width * PAGE_PX_PER_POINT)), max(1, round(height * PAGE_PX_PER_POINT))
 
 
 # Bitrates in kbit/s by the header's index: MPEG-1 layer III, then MPEG-2 and 2.5 layer III.

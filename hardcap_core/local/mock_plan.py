@@ -212,6 +212,12 @@ class Plan:
     drop: bool = False  # a whole reply drops its connection mid-body (a "disconnect" fault)
     cache_read: int = 0  # prompt tokens reported read from the cache (`[mock:cache_read=N]`)
     cache_write: int = 0  # prompt tokens reported written to it (`[mock:cache_write=N]`)
+    # Anthropic mode: thinking streamed as a summary, one thinking token per this many billed
+    # (`[mock:summarize=N]`), as Claude 4 models stream it and bill the whole thinking.
+    summarize: int = 1
+    # Anthropic mode: after this many steps the stream stalls, sending nothing until the
+    # client leaves (`[mock:stall_after=N]`).
+    stall_after: int | None = None
 
     @property
     def reasoning_tokens(self) -> int:
@@ -321,6 +327,7 @@ def make_plan(
     if malformed is not None and int(malformed) not in MALFORMED_KINDS:
         raise ValueError(f"[mock:malformed={malformed:g}]: the kinds are {MALFORMED_KINDS}")
     die_after, eof_after = knobs.get("die_after"), knobs.get("eof_after")
+    stall_after = knobs.get("stall_after")
     keepalive = knobs.get("keepalive_ms")
     retry_after = knobs.get("retry_after")
     # A Retry-After goes with a 429 unless another status is named.
@@ -347,4 +354,6 @@ def make_plan(
         hang=bool(knobs.get("hang")),
         cache_read=int(knobs.get("cache_read", 0)),
         cache_write=int(knobs.get("cache_write", 0)),
+        summarize=max(1, int(knobs.get("summarize", 1))),
+        stall_after=None if stall_after is None else int(stall_after),
     )

@@ -114,6 +114,16 @@ def usage(plan: Plan) -> dict[str, Any]:
     return out
 
 
+def served_tier(req: ChatRequest) -> str | None:
+    """The service tier a reply says it was served at, as OpenAI says it when a request names
+    one: the tier named (billed at that tier's price), "default" for "auto" (a project that
+    defaults to the standard tier); None when the request names none."""
+    tier = (req.model_extra or {}).get("service_tier")
+    if not isinstance(tier, str) or not tier:
+        return None
+    return "default" if tier == "auto" else tier
+
+
 def _steps(plan: Plan) -> list[Step]:
     """The streamed steps: reasoning tokens, then output pieces in the plan's shape."""
     steps: list[Step] = [[({"reasoning": t}, 1)] for t in plan.reasoning]
@@ -175,6 +185,7 @@ async def stream_events(
     chunk_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
     include_usage = req.stream_options is not None and req.stream_options.include_usage
+    tier = served_tier(req)
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -184,6 +195,8 @@ async def stream_events(
             "model": req.model,
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
         }
+        if tier is not None:
+            out["service_tier"] = tier
         if include_usage:
             out["usage"] = None
         return out
@@ -294,6 +307,8 @@ def reply_body(req: ChatRequest, plan: Plan) -> bytes:
         "choices": [choice],
         "usage": usage(plan),
     }
+    if (tier := served_tier(req)) is not None:
+        body["service_tier"] = tier
     kind = plan.malformed
     if kind == BAD_UTF8:
         message["content"] = (message["content"] or "") + _PLACEHOLDER

@@ -63,6 +63,10 @@ Test directives in the last user message, `[mock:name=value]`, each value a numb
 The ground truth counts every billed token when it is handed to the server: reasoning (hidden
 too), output, audio, a billed bad event, and tokens past max_tokens under `ignore_cap`.
 
+A request that names a `service_tier` is answered with the tier it was served at, beside the
+usage as OpenAI reports it (every chunk, the whole reply): the one named, "default" for
+"auto" (`mock_replies.served_tier`).
+
 Randomness is drawn when a request arrives, so a seeded run is reproducible as long as requests
 arrive in the same order.
 """

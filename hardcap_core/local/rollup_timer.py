@@ -1,11 +1,11 @@
 """The rollup on a timer, for local runs: what the EventBridge schedule does on AWS.
 
 ``hardcap serve`` and ``hardcap demo`` start one next to the gateway. It runs
-:func:`hardcap_core.rollup.run.run_rollup` every few seconds (the schedule on AWS runs it every
-minute; locally a shorter period shows spend sooner) in a thread of its own, with its own event
-loop and its own cache client, so a slow DynamoDB call never stalls a request. A run that fails
-is logged and the next one tries again, as the next scheduled invocation would. :meth:`stop`
-runs one last rollup, so what was settled before the process exits is in the table.
+:func:`hardcap_core.rollup.run.run_rollup` every few seconds (on AWS the function invoked every
+minute runs a pass every 5 s: :func:`hardcap_core.rollup.run.rollup_loop`) in a thread of its
+own, with its own event loop and its own cache client, so a slow DynamoDB call never stalls a
+request. A run that fails is logged and the next one tries again, as the next pass would.
+:meth:`stop` runs one last rollup, so what was settled before the process exits is in the table.
 
 Not shipped to Lambda (the artifact leaves ``hardcap_core/local/`` out).
 """

@@ -13,11 +13,18 @@ container whose PID 1 never reaps orphans (measured under ``unshare --pid`` with
 PID 1). Tests restart servers on a port, and ``hardcap serve`` and ``hardcap demo`` stop theirs
 on every exit, so the wait would be paid often; and the 3-master cluster needs this launcher
 anyway (cluster flags, ``valkey-cli --cluster create``).
+
+Each server also has the user the gateway connects as (:data:`GATEWAY_USER`, a random password:
+:attr:`LocalValkey.gateway_url`), with the ACL the deployed cache user has: every key and
+command but those that empty the cache, list every key, or reconfigure or debug the server
+(:data:`GATEWAY_ACL`). ``url`` is the default user's, which can do anything (tests flush
+with it).
 """
 
 from __future__ import annotations
 
 import random
+import secrets
 import shutil
 import socket
 import subprocess
@@ -25,6 +32,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+GATEWAY_USER = "hardcap-fn"  # as the template's CacheUser: hardcap-<stack id>-fn
+# The template's CacheUser access string (infra/template.yaml), plus the two commands
+# ElastiCache already withholds from every user (CONFIG and DEBUG: its restricted commands).
+GATEWAY_ACL = ("on", "~*", "+@all", "-flushall", "-flushdb", "-keys", "-config", "-debug")
 
 
 def find_server_binary() -> str:
@@ -89,10 +101,17 @@ class LocalValkey:
     binary: str = ""
     workdir: str = ""
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    gateway_password: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
 
     @property
     def url(self) -> str:
+        """The default user's: every command."""
         return f"redis://127.0.0.1:{self.port}"
+
+    @property
+    def gateway_url(self) -> str:
+        """The gateway's user's: no FLUSHALL, FLUSHDB, KEYS, CONFIG or DEBUG."""
+        return f"redis://{GATEWAY_USER}:{self.gateway_password}@127.0.0.1:{self.port}"
 
     def start(self) -> LocalValkey:
         self.binary = self.binary or find_server_binary()
@@ -130,7 +149,15 @@ class LocalValkey:
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
         _wait_ready(self.port, self.proc)
+        self._add_gateway_user()
         return self
+
+    def _add_gateway_user(self) -> None:
+        import redis
+
+        with redis.Redis(port=self.port, socket_timeout=5) as admin:
+            rules = ("reset", *GATEWAY_ACL, f">{self.gateway_password}")
+            admin.execute_command("ACL", "SETUSER", GATEWAY_USER, *rules)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -156,13 +183,22 @@ class LocalCluster:
     """Three masters, slots split evenly, no replicas. ``url`` points at the first node."""
 
     nodes: list[LocalValkey] = field(default_factory=list)
+    gateway_password: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
 
     @property
     def url(self) -> str:
         return self.nodes[0].url
 
+    @property
+    def gateway_url(self) -> str:
+        """The gateway's user's (the same on every node)."""
+        return self.nodes[0].gateway_url
+
     def start(self, masters: int = 3) -> LocalCluster:
-        self.nodes = [LocalValkey(cluster=True).start() for _ in range(masters)]
+        password = self.gateway_password
+        self.nodes = [
+            LocalValkey(cluster=True, gateway_password=password).start() for _ in range(masters)
+        ]
         cli = Path(self.nodes[0].binary).with_name("valkey-cli")
         if not cli.is_file():
             cli = Path(shutil.which("valkey-cli") or shutil.which("redis-cli") or "valkey-cli")

@@ -64,10 +64,18 @@ def finish_reason(stop_reason: Any) -> FinishReason | None:
 
 
 def usage_of(raw: dict[str, Any]) -> Usage:
-    """:class:`Usage` from an Anthropic usage object (cache reads and writes added in)."""
+    """:class:`Usage` from an Anthropic usage object (cache reads and writes added in; the
+    writes split by how long they are kept, ``cache_creation``, and the service tier)."""
     counts = {k: v for k in USAGE_FIELDS if isinstance(v := raw.get(k), int)}
+    split = raw.get("cache_creation")
+    split = split if isinstance(split, dict) else {}
+    hour, minutes = (split.get(f"ephemeral_{ttl}_input_tokens") for ttl in ("1h", "5m"))
+    hour = hour if isinstance(hour, int) else None
+    if "cache_creation_input_tokens" not in counts and hour is not None:
+        counts["cache_creation_input_tokens"] = hour + (minutes if isinstance(minutes, int) else 0)
     read = counts.get("cache_read_input_tokens", 0)
     written = counts.get("cache_creation_input_tokens", 0)
+    tier = raw.get("service_tier")
     details = raw.get("output_tokens_details")
     thinking = details.get("thinking_tokens") if isinstance(details, dict) else None
     has_input = "input_tokens" in counts or read or written
@@ -78,6 +86,8 @@ def usage_of(raw: dict[str, Any]) -> Usage:
         cached_input_tokens=read if "cache_read_input_tokens" in counts else None,
         cache_write_input_tokens=written if "cache_creation_input_tokens" in counts else None,
         raw=dict(raw),
+        cache_write_1h_input_tokens=hour,
+        service_tier=tier if isinstance(tier, str) and tier else None,
     )
 
 

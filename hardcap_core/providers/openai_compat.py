@@ -97,9 +97,8 @@ class OpenAICompatible:
             for out in self._outputs(choice.get("message"), i)
         ]
         finish = next((_finish(c) for c in _list(data.get("choices")) if _finish(c)), None)
-        return Completion(
-            data, output, sum(o.tokens for o in output), _usage(data.get("usage")), finish
-        )
+        usage = _usage(data.get("usage"), data.get("service_tier"))
+        return Completion(data, output, sum(o.tokens for o in output), usage, finish)
 
     def stream(
         self, route: Route, request: ChatRequest, max_tokens: int
@@ -170,7 +169,8 @@ class OpenAICompatible:
                         finish = FinishReason.of(choice["finish_reason"])
         usage = chunk.get("usage")
         tokens = sum(o.tokens for o in output) if output else 0
-        return Event(chunk, output, tokens, _usage(usage) if usage else None, finish)
+        usage = _usage(usage, chunk.get("service_tier")) if usage else None
+        return Event(chunk, output, tokens, usage, finish)
 
     def _outputs(self, delta: Any, choice: int) -> list[Output]:
         """Every billed piece of one choice's delta (or whole message), by the module's rule:
@@ -321,7 +321,9 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _usage(usage: Any) -> Usage | None:
+def _usage(usage: Any, tier: Any = None) -> Usage | None:
+    """The usage object of a reply or chunk, with the service tier the reply says it was
+    served at (OpenAI puts it beside the usage, not in it)."""
     if not isinstance(usage, dict) or not usage:
         return None
     details = usage.get("completion_tokens_details")
@@ -336,4 +338,5 @@ def _usage(usage: Any) -> Usage | None:
             _int(prompt_details.get("cached_tokens")) if isinstance(prompt_details, dict) else None
         ),
         raw=usage,
+        service_tier=tier if isinstance(tier, str) and tier else None,
     )

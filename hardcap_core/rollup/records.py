@@ -25,7 +25,7 @@ FORMAT_VERSION_1 = "1"  # still read: a stream may hold them from before an upgr
 class RecordKind(StrEnum):
     SETTLE = "s"  # a request settled: the real counts (or the gateway's estimate for a cut)
     EXPIRY = "x"  # a hold expired unsettled and was charged: an estimate
-    REFUSAL = "r"  # admission refused: busy, exceeded, never fits, rate limited; costs nothing
+    REFUSAL = "r"  # not admitted: busy, exceeded, never fits, rate limited, client gone; free
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +42,10 @@ class UsageRecord:
     model: str  # the upstream model the request was sent to
     provider: str  # the upstream (config name) that served it
     request_id: str
-    outcome: str  # an Outcome value, "expired", or a refusal: busy, exceeded, never, rate
+    outcome: str  # an Outcome value, "expired", or a refusal: busy, exceeded, never, rate,
+    # client_gone (its client left the admission queue: a rollup older than it fails on it, so
+    # the rollup is deployed with the gateway; a reason a rollup does not know is counted as
+    # refused_other from this version on)
     estimate: bool  # the charge is the gateway's estimate, not the provider's count
     requests: int  # 1, or 0 for a late settle's correction of an expiry charge
     input_tokens: int

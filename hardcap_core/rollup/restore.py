@@ -3,26 +3,44 @@
 What a hierarchy used in each current window is the sum of three things: the usage totals in
 DynamoDB (everything rolled up), the records still in the cache's stream after the rollup's
 cursor (if the stream survived), and settles kept in DynamoDB because the cache missed them
-(charged through the ledger right after the restore, so they are not counted here). What is
-lost is what the cache held and nobody rolled up: at most the records of one rollup interval
-(docs/design.md, "Losing the cache").
+(charged through the ledger right after the restore, under the stream's lease, so they are not
+counted here). What is lost is what the cache held and nobody rolled up: the records since the
+rollup's last pass (docs/design.md, "Losing the cache").
+
+Before it reads, a restore moves the hierarchy's epoch on (:meth:`UsageTable.fence`): a rollup
+run that began before writes nothing after that, so DynamoDB holds afterwards exactly what the
+restore read plus what runs that began later apply — and those apply only records the restored
+counters do not hold yet (the stream after the cursor the restore read, or records written
+after the restore). The totals and that cursor are read until the cursor is the same before and
+after: no write landed in between.
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
 from hardcap_core.budgets import Budget, Dimension, LevelKind, Scope
 from hardcap_core.config import Config
+from hardcap_core.errors import LedgerUnavailable
 from hardcap_core.ledger import Ledger
 from hardcap_core.ledger.restore import Restore
 from hardcap_core.rollup.durable import replay_pending
 from hardcap_core.rollup.records import UsageRecord, parse_entry
-from hardcap_core.rollup.streams import UsageStream
+from hardcap_core.rollup.streams import LEASE_MS, UsageStream
 from hardcap_core.rollup.table import UsageRow, UsageTable
+
+# Reads of the totals and the cursor until no rollup write landed between them (one only moves
+# the cursor while a stream that survived a partial loss is rolled up: seldom, and finitely).
+SNAPSHOT_ATTEMPTS = 10
+RESTORE = "restore-"  # how a restore's lease owner begins
+# A rollup pass holds the lease for milliseconds to seconds: a restore waits this long for it
+# (a pass of a running invocation does not charge kept settles; its first pass a minute on does).
+LEASE_WAIT_S = 0.05
+LEASE_TRIES = 40
 
 
 class DurableCounters:
@@ -37,32 +55,60 @@ class DurableCounters:
     async def used(self, scope: Scope, now_ms: int) -> Restore:
         whole = self.config.hierarchy(scope.root)
         tenants = sorted({lv.id for lv in whole.levels if lv.kind is LevelKind.TENANT})
-        unrolled = await self._unrolled(whole)
-        used: dict[str, int] = {}
         by_window: dict[str, list[Budget]] = defaultdict(list)
         for b in whole.budgets:
             by_window[b.window.spec].append(b)
-        for budgets in by_window.values():
-            bounds = budgets[0].window.bounds(now_ms)
-            rows = await asyncio.to_thread(self.table.usage, tenants, bounds.start_ms, now_ms)
-            recent = [r for r in unrolled if r.at_ms >= bounds.start_ms]
-            for b in budgets:
-                used[b.field] = _sum(b, rows) + _sum_records(b, recent)
-        return Restore(whole, used, f"dynamodb:{self.table.name}")
+        await asyncio.to_thread(self.table.fence, whole.root.tag)
+        for _ in range(SNAPSHOT_ATTEMPTS):
+            generation, before = await self._cursor(whole)
+            used: dict[str, int] = {}
+            unrolled = await self._unrolled(whole, generation, before)
+            for budgets in by_window.values():
+                bounds = budgets[0].window.bounds(now_ms)
+                rows = await asyncio.to_thread(self.table.usage, tenants, bounds.start_ms, now_ms)
+                recent = [r for r in unrolled if r.at_ms >= bounds.start_ms]
+                for b in budgets:
+                    used[b.field] = _sum(b, rows) + _sum_records(b, recent)
+            if await self._cursor(whole) == (generation, before):
+                return Restore(whole, used, f"dynamodb:{self.table.name}")
+        raise LedgerUnavailable("the rollup kept moving while the counters were read back")
 
     async def restored(self, scope: Scope) -> None:
-        if self.ledger is not None:
-            await replay_pending(self.ledger, self.table, self.config, scope.root)
-
-    async def _unrolled(self, whole: Scope) -> list[UsageRecord]:
-        """Records still in the cache's stream that the durable ledger has not applied."""
+        """Charge the settles kept for the hierarchy, under its stream's lease. Another restore
+        holding it charges them; a rollup pass holding it is waited for (up to ~2 s)."""
         if self.ledger is None:
-            return []
+            return
+        stream = UsageStream(self.client, self.ledger.scripts, self.ledger.keys, scope.root)
+        owner = f"{RESTORE}{uuid.uuid4().hex[:12]}"
+        for _ in range(LEASE_TRIES):
+            if await stream.lease(owner, LEASE_MS):
+                try:
+                    await replay_pending(self.ledger, self.table, self.config, scope.root)
+                finally:
+                    await stream.release(owner)
+                return
+            holder = await stream.holder()
+            if holder is not None and holder.startswith(RESTORE):
+                return
+            await asyncio.sleep(LEASE_WAIT_S)
+
+    async def _cursor(self, whole: Scope) -> tuple[str | None, str | None]:
+        """The stream's generation in the cache and the last entry of it the rollup applied."""
+        if self.ledger is None:
+            return None, None
         stream = UsageStream(self.client, self.ledger.scripts, self.ledger.keys, whole.root)
         generation = await stream.current_generation()
         if generation is None:
+            return None, None
+        return generation, await asyncio.to_thread(self.table.cursor, whole.root.tag, generation)
+
+    async def _unrolled(
+        self, whole: Scope, generation: str | None, cursor: str | None
+    ) -> list[UsageRecord]:
+        """Records still in the cache's stream that the durable ledger has not applied."""
+        if self.ledger is None or generation is None:
             return []
-        cursor = await asyncio.to_thread(self.table.cursor, whole.root.tag, generation)
+        stream = UsageStream(self.client, self.ledger.scripts, self.ledger.keys, whole.root)
         return [parse_entry(i, f) for i, f in await stream.entries_after(cursor)]
 
 

@@ -1,13 +1,19 @@
-"""One rollup run: every hierarchy's new usage records into the durable ledger, exactly once.
+"""The rollup: every hierarchy's new usage records into the durable ledger, exactly once.
 
-Per hierarchy (the config names every root): charge the settles the cache missed, take the
-stream's lease, claim what crashed runs left pending, read new entries, and apply them in id
-order in transactions that also move the stream's cursor — a transaction whose cursor moved
-meanwhile changes nothing — then acknowledge and trim what was applied. Entries at or before
-the cursor were applied by a run that died before its acknowledgement: they are acknowledged
-and not counted again. A run only ever applies the entries right after the cursor; if another
-consumer holds some of them (a run whose lease ran out still working), it stops and leaves them
-for the next run instead of skipping them.
+One pass (:func:`run_rollup`), per hierarchy (the config names every root): take the stream's
+lease, charge the settles the cache missed (first pass of an invocation only), read the
+hierarchy's restore epoch and the stream's cursor, claim what crashed runs left pending, read
+new entries, and apply them in id order in transactions that also move the cursor — a
+transaction whose cursor moved meanwhile, or that a restore began after, changes nothing — then
+acknowledge and trim what was applied. Entries at or before the cursor were applied by a run
+that died before its acknowledgement: they are acknowledged and not counted again. A run only
+ever applies the entries right after the cursor; if another consumer holds some of them (a run
+whose lease ran out still working), it stops and leaves them for the next run.
+
+A scheduled invocation runs passes every :data:`INTERVAL_S` for most of its minute
+(:func:`rollup_loop`): what a cache that loses its data forgets is what it held since the last
+pass (docs/design.md, "Losing the cache"). A pass over a stream with no entries costs one
+``XLEN``.
 """
 
 from __future__ import annotations
@@ -15,25 +21,29 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from hardcap_core.budgets import Level, LevelKind
 from hardcap_core.config import Config
-from hardcap_core.errors import LedgerUnavailable
+from hardcap_core.errors import DurableStoreUnavailable, HardcapError, LedgerUnavailable
 from hardcap_core.ledger import Ledger
 from hardcap_core.logs import logger
 from hardcap_core.rollup.durable import replay_pending
 from hardcap_core.rollup.metrics import RollupMetrics
 from hardcap_core.rollup.records import UsageRecord, parse_entry
-from hardcap_core.rollup.streams import Entry, UsageStream, entry_key
-from hardcap_core.rollup.table import MAX_WRITES, Bucket, Totals, UsageTable
+from hardcap_core.rollup.streams import LEASE_MS, Entry, StreamLost, UsageStream, entry_key
+from hardcap_core.rollup.table import MAX_WRITES, Bucket, Totals, UsageTable, Write
 
 BATCH = 1000  # entries read per call
-LEASE_S = 60.0  # a run holds a stream at most this long (the function's timeout is shorter)
-# A run reads no new batch after this long, so it ends (acknowledged, lease released) inside
-# the function's 55 s timeout; what is left waits for the next run a minute later.
+# A pass reads no new batch after this long, so it ends (acknowledged, lease released) inside
+# the function's timeout; what is left waits for the next pass.
 BUDGET_S = 40.0
+# Passes of one invocation start this often, until RESERVE_S before its timeout: a cache that
+# loses its data forgets at most what arrived since the last pass (~5 s, ~11 s across the
+# boundary between two invocations of the one-minute schedule).
+INTERVAL_S = 5.0
+RESERVE_S = 6.0
 
 
 @dataclass(slots=True)
@@ -44,6 +54,17 @@ class RollupReport:
     replayed: int = 0  # kept settles charged to the ledger
     lag_s: float = 0.0  # age of the oldest record not yet applied when the run began
     stalled: list[str] = field(default_factory=list)  # roots left for the next run, and why
+    passes: int = 1
+
+    def add(self, other: RollupReport) -> None:
+        """Fold a later pass of the same invocation in."""
+        self.applied += other.applied
+        self.streams += other.streams
+        self.skipped_busy += other.skipped_busy
+        self.replayed += other.replayed
+        self.lag_s = max(self.lag_s, other.lag_s)
+        self.stalled += other.stalled
+        self.passes += other.passes
 
 
 @dataclass(slots=True)
@@ -77,6 +98,52 @@ def chunks(records: Sequence[UsageRecord]) -> Iterator[Chunk]:
         yield chunk
 
 
+async def rollup_loop(
+    config: Config,
+    client: object,
+    table: UsageTable,
+    *,
+    until: float,
+    interval_s: float | None = None,
+    metrics: RollupMetrics | None = None,
+    ledger: Ledger | None = None,
+    batch: int = BATCH,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> RollupReport:
+    """Passes of :func:`run_rollup` every ``interval_s`` (:data:`INTERVAL_S`) until ``until``
+    (``time.monotonic``): the first replays kept settles and reports budgets; none starts past
+    ``until``."""
+    from hardcap_core.rollup.restore import durable_ledger
+
+    interval = INTERVAL_S if interval_s is None else interval_s
+    ledger = ledger or durable_ledger(client, config, table)
+    owner = f"run-{uuid.uuid4().hex[:12]}"
+    total: RollupReport | None = None
+    failed: HardcapError | None = None
+    while True:
+        started = time.monotonic()
+        try:
+            report = await run_rollup(config, client, table, metrics=metrics, ledger=ledger,
+                                      batch=batch, budget_s=max(until - started, 0),
+                                      first_pass=total is None, owner=owner)  # fmt: skip
+        except (DurableStoreUnavailable, LedgerUnavailable) as e:
+            # As the next invocation would, the next pass tries again: the streams keep what
+            # this one did not apply.
+            logger.warning("rollup pass failed; the next one retries", extra={"error": str(e)})
+            failed = e
+        else:
+            if total is None:
+                total = report
+            else:
+                total.add(report)
+        next_at = max(started + interval, time.monotonic())  # a long pass ran into it
+        if next_at >= until:
+            if total is None and failed is not None:
+                raise failed  # not one pass went through: the invocation failed
+            return total or RollupReport(passes=0)
+        await sleep(next_at - time.monotonic())
+
+
 async def run_rollup(
     config: Config,
     client: object,
@@ -86,108 +153,154 @@ async def run_rollup(
     ledger: Ledger | None = None,
     batch: int = BATCH,
     budget_s: float = BUDGET_S,
+    first_pass: bool = True,
+    owner: str | None = None,
 ) -> RollupReport:
-    """Roll up every hierarchy the config names; ``client`` is the cache's redis client."""
+    """One pass over every hierarchy the config names; ``client`` is the cache's redis client.
+    ``first_pass``: also charge kept settles and report each tenant's budget use (once an
+    invocation); later passes leave streams without entries alone."""
     from hardcap_core.rollup.restore import durable_ledger
 
     ledger = ledger or durable_ledger(client, config, table)
+    owner = owner or f"run-{uuid.uuid4().hex[:12]}"
     report = RollupReport()
     now_ms = int(time.time() * 1000)
     oldest: int | None = None
-    deadline = time.monotonic() + budget_s
+    deadline = time.monotonic() + min(budget_s, BUDGET_S)
     for root in config.roots():
-        report.replayed += await replay_pending(ledger, table, config, root)
-        first = await _roll(ledger, table, root, report, metrics, batch, deadline)
+        stream = UsageStream(ledger.client, ledger.scripts, ledger.keys, root)
+        if not first_pass and await stream.length() == 0:
+            continue  # nothing to roll up, nothing pending: no lease, no DynamoDB call
+        first = await _leased(ledger, table, config, root, stream, report, metrics, batch,
+                              deadline, owner, first_pass)  # fmt: skip
         if first is not None:
             oldest = first if oldest is None else min(oldest, first)
     report.lag_s = 0.0 if oldest is None else max(now_ms - oldest, 0) / 1000
     if metrics is not None:
-        await _budget_percents(ledger, config, metrics)
-        metrics.add_run(report.lag_s, report.applied)
+        if first_pass:
+            await _budget_percents(ledger, config, metrics)
+        if first_pass or report.applied:
+            metrics.add_run(report.lag_s, report.applied)
         metrics.flush()
     return report
 
 
-async def _roll(
+async def _leased(
     ledger: Ledger,
     table: UsageTable,
+    config: Config,
     root: Level,
+    stream: UsageStream,
     report: RollupReport,
     metrics: RollupMetrics | None,
     batch: int,
     deadline: float,
+    owner: str,
+    replay: bool,
 ) -> int | None:
-    """Roll up one stream; returns the time of its oldest unapplied record at the start."""
-    stream = UsageStream(ledger.client, ledger.scripts, ledger.keys, root)
-    owner = f"run-{uuid.uuid4().hex[:12]}"
-    if not await stream.lease(owner, int(LEASE_S * 1000)):
+    """Roll up ``root``'s stream under its lease (kept settles first, if ``replay``); returns
+    the time of its oldest unapplied record at the start."""
+    if not await stream.lease(owner, LEASE_MS):
         report.skipped_busy += 1
         return None
     try:
-        generation = await stream.generation()
-        cursor = await asyncio.to_thread(table.cursor, root.tag, generation)
-        head = await stream.entries_after(cursor, 1)
-        oldest = entry_key(head[0][0])[0] if head else None
-        pending = await stream.claim(owner, batch)
-        while True:
-            entries = sorted(
-                pending + await stream.read_new(owner, batch), key=lambda e: entry_key(e[0])
-            )
-            pending = []
-            if not entries:
-                break
-            seen = [
-                i for i, _ in entries if cursor is not None and entry_key(i) <= entry_key(cursor)
-            ]
-            todo = [e for e in entries if cursor is None or entry_key(e[0]) > entry_key(cursor)]
-            await stream.ack(seen)  # applied by a run that died before acknowledging them
-            if todo and [i for i, _ in await stream.entries_after(cursor, len(todo))] != [
-                i for i, _ in todo
-            ]:
-                report.stalled.append(f"{root.tag}: entries after the cursor held by another run")
-                break
-            applied = await _apply(table, root, generation, cursor, todo, metrics)
-            if applied is None:
-                report.stalled.append(f"{root.tag}: another run moved the cursor")
-                break
-            cursor, n = applied
-            report.applied += n
-            await stream.ack([i for i, _ in todo])
-            if cursor is not None:
-                await stream.trim(cursor)
-            if time.monotonic() > deadline:
-                report.stalled.append(f"{root.tag}: out of time; the next run goes on")
-                break
-        await stream.forget_consumers(owner, int(LEASE_S * 1000))
+        if replay:
+            # Under the lease: two runs never charge the same kept settle at once (the cache's
+            # settled marker alone would stop the second, but not across a lost cache).
+            report.replayed += await replay_pending(ledger, table, config, root)
+            if await stream.length() == 0:
+                report.streams += 1
+                return None
+        oldest = await _roll(table, root, stream, report, metrics, batch, deadline, owner)
         report.streams += 1
         return oldest
+    except StreamLost:
+        report.stalled.append(f"{root.tag}: the cache lost the stream; the next run reads anew")
+        return None
     finally:
         await stream.release(owner)
+
+
+async def _roll(
+    table: UsageTable,
+    root: Level,
+    stream: UsageStream,
+    report: RollupReport,
+    metrics: RollupMetrics | None,
+    batch: int,
+    deadline: float,
+    owner: str,
+) -> int | None:
+    """Apply what ``stream`` holds after the cursor; the time of its oldest such record."""
+    generation = await stream.generation()
+    # The epoch, then the generation once more: a cache lost after that check is restored after
+    # it, and the restore's fence stops every write below that could hold a later generation's
+    # records; a cache lost before it ends the pass here.
+    epoch = await asyncio.to_thread(table.epoch, root.tag)
+    await stream.still_current()
+    cursor = await asyncio.to_thread(table.cursor, root.tag, generation)
+    head = await stream.entries_after(cursor, 1)
+    oldest = entry_key(head[0][0])[0] if head else None
+    pending = await stream.claim(owner, batch)
+    while True:
+        entries = sorted(
+            pending + await stream.read_new(owner, batch), key=lambda e: entry_key(e[0])
+        )
+        pending = []
+        if not entries:
+            break
+        seen = [i for i, _ in entries if cursor is not None and entry_key(i) <= entry_key(cursor)]
+        todo = [e for e in entries if cursor is None or entry_key(e[0]) > entry_key(cursor)]
+        await stream.ack(seen)  # applied by a run that died before acknowledging them
+        if todo and [i for i, _ in await stream.entries_after(cursor, len(todo))] != [
+            i for i, _ in todo
+        ]:
+            report.stalled.append(f"{root.tag}: entries after the cursor held by another run")
+            break
+        write, cursor, n = await _apply(table, root, generation, epoch, cursor, todo, metrics)
+        report.applied += n
+        if write is Write.FENCED:
+            report.stalled.append(f"{root.tag}: a restore began after this run; the next goes on")
+            break
+        if write is Write.MOVED:
+            report.stalled.append(f"{root.tag}: another run moved the cursor")
+            break
+        await stream.ack([i for i, _ in todo])
+        if time.monotonic() > deadline:
+            report.stalled.append(f"{root.tag}: out of time; the next run goes on")
+            break
+    if cursor is not None:
+        await stream.trim(cursor)
+    await stream.forget_consumers(owner, LEASE_MS)
+    return oldest
 
 
 async def _apply(
     table: UsageTable,
     root: Level,
     generation: str,
+    epoch: int,
     cursor: str | None,
     entries: Sequence[Entry],
     metrics: RollupMetrics | None,
-) -> tuple[str | None, int] | None:
-    """Write ``entries`` (the ones right after ``cursor``), chunk by chunk; the new cursor and
-    how many were written, or None if another run moved the cursor first."""
+) -> tuple[Write, str | None, int]:
+    """Write ``entries`` (the ones right after ``cursor``), chunk by chunk, while the epoch is
+    ``epoch``: how the last write went, the new cursor and how many were written."""
     records = [parse_entry(i, f) for i, f in entries]
     n = 0
     for chunk in chunks(records):
         last = chunk.records[-1].entry_id
-        args = (root.tag, generation, cursor, last, chunk.totals, len(chunk.records))
-        if not await asyncio.to_thread(table.apply, *args):
-            return None
-        # Metrics go out only for records this run wrote: never twice, lost if the run dies
-        # right here (the durable ledger is the one of record).
+        args = (root.tag, generation, cursor, last, chunk.totals, len(chunk.records), epoch)
+        write = await asyncio.to_thread(table.apply, *args)
+        if write is not Write.APPLIED:
+            return write, cursor, n
+        # Metrics go out for each write as soon as it is made: never twice (only this run wrote
+        # these records), and a run that dies next loses at most this write's.
         if metrics is not None:
             metrics.add_records(chunk.records)
+            metrics.flush()
         cursor, n = last, n + len(chunk.records)
-    return cursor, n
+    return Write.APPLIED, cursor, n
 
 
 async def _budget_percents(ledger: Ledger, config: Config, metrics: RollupMetrics) -> None:

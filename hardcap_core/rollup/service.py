@@ -39,24 +39,29 @@ def gateway_ledger(
 
 
 class RollupService:
-    """One rollup run per :meth:`run`, with the config, cache client and table built once."""
+    """One rollup invocation per :meth:`run`, with the config, cache client and table built
+    once."""
 
     def __init__(self, config: Config, table: UsageTable) -> None:
         self.config = config
         self.table = table
         self._cache: Any = None
 
-    async def run(self) -> RollupReport:
+    async def run(self, until: float | None = None) -> RollupReport:
+        """Passes every few seconds until ``until`` (``time.monotonic``); one pass without."""
         # Imported here: a gateway builds its durable ledger from this module and never rolls
         # up, so its cold start does not pay for the rollup and its metrics.
         from hardcap_core.rollup.metrics import RollupMetrics
-        from hardcap_core.rollup.run import run_rollup
+        from hardcap_core.rollup.run import rollup_loop, run_rollup
 
         g = self.config.gateway
         if self._cache is None:
             # The cache client belongs to the event loop it was made on: the handler keeps one.
             self._cache = await connect(g.redis_url or "", cluster=g.redis_cluster)
-        return await run_rollup(self.config, self._cache, self.table, metrics=RollupMetrics())
+        metrics = RollupMetrics()
+        if until is None:
+            return await run_rollup(self.config, self._cache, self.table, metrics=metrics)
+        return await rollup_loop(self.config, self._cache, self.table, until=until, metrics=metrics)
 
     async def aclose(self) -> None:
         if self._cache is not None:

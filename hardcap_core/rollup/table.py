@@ -7,6 +7,10 @@ One table, two string keys. Items:
   written only by the rollup, each write in a transaction with the cursor below, so a record is
   counted exactly once however runs crash or overlap.
 * ``pk = cursor#<root tag>``, ``sk = <stream generation>``: the last stream entry applied.
+* ``pk = epoch#<root tag>``, ``sk = epoch``: how many times the hierarchy's counters were
+  restored. Every restore adds one before it reads what DynamoDB holds, and every write of a
+  run is conditioned on the epoch the run read when it began: a run that began before a restore
+  changes nothing after it, so what the restore read stays what DynamoDB holds.
 * ``pk = pending#<root tag>``, ``sk = <reservation id>``: a settle that could not reach the cache,
   charged to the ledger by the next rollup (or restore) and then deleted.
 * ``pk = tenants``, ``sk = <tenant>``: every tenant with usage, for listing without a scan.
@@ -22,6 +26,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from hardcap_core.errors import DurableStoreUnavailable
@@ -41,8 +46,8 @@ TTL_ATTRIBUTE = "expires_at"
 KEEP_S = {"m": 7 * 86400, "h": 93 * 86400}
 GRANULARITY_MS = {"m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _LABEL = {"m": "%Y%m%dT%H%M", "h": "%Y%m%dT%H", "d": "%Y%m%d"}
-# TransactWriteItems takes at most 100 actions: the cursor's update and 99 more.
-MAX_WRITES = 99
+# TransactWriteItems takes at most 100 actions: the cursor's update, the epoch's check, 98 more.
+MAX_WRITES = 98
 _HIGHEST = "\U0010ffff"  # sorts after any sort key text
 
 
@@ -62,10 +67,13 @@ class Totals:
     refused_exceeded: int = 0
     refused_never: int = 0
     refused_rate: int = 0
+    refused_client_gone: int = 0  # its client left the admission queue
+    refused_other: int = 0  # a reason this version does not know (a newer gateway's)
 
     def add(self, r: UsageRecord) -> None:
         if r.refused:
             name = f"refused_{r.outcome}"
+            name = name if name in REFUSALS else "refused_other"  # never fail a whole pass
             setattr(self, name, getattr(self, name) + 1)
             return
         self.requests += r.requests
@@ -83,10 +91,19 @@ class Totals:
 
     @property
     def refused(self) -> int:
-        return self.refused_busy + self.refused_exceeded + self.refused_never + self.refused_rate
+        return sum(getattr(self, f.name) for f in fields(self) if f.name.startswith("refused_"))
 
 
 COUNTERS = tuple(f.name for f in fields(Totals))
+REFUSALS = frozenset(name for name in COUNTERS if name.startswith("refused_"))
+
+
+class Write(StrEnum):
+    """How :meth:`UsageTable.apply` ended."""
+
+    APPLIED = "applied"
+    MOVED = "moved"  # another run moved the cursor first: nothing written
+    FENCED = "fenced"  # a restore began after this run did: nothing written
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,18 +223,22 @@ class UsageTable:
         last_id: str,
         totals: Mapping[Bucket, Totals],
         records: int,
-    ) -> bool:
-        """Add ``totals`` and move the cursor from ``previous`` to ``last_id``, all or nothing.
+        epoch: int = 0,
+    ) -> Write:
+        """Add ``totals`` and move the cursor from ``previous`` to ``last_id``, all or nothing,
+        if the hierarchy's restore epoch is still ``epoch``.
 
-        False (and nothing written) when the cursor is no longer ``previous``: another run
-        applied these entries first. At most :data:`MAX_WRITES` buckets and tenants together.
+        Nothing is written when the cursor is no longer ``previous`` (another run applied these
+        entries first: :attr:`Write.MOVED`) or a restore began since the run read ``epoch``
+        (:attr:`Write.FENCED`). At most :data:`MAX_WRITES` buckets and tenants together.
         """
         now_s = int(time.time())
         tenants = sorted({b.tenant for b in totals})
         if len(totals) + len(tenants) > MAX_WRITES:
             raise ValueError(f"{len(totals)} buckets and {len(tenants)} tenants in one write")
         cursor = self._cursor_update(root, generation, previous, last_id, records, now_s)
-        items: list[dict[str, Any]] = [{"Update": cursor}]
+        fence = self._epoch_is(root, epoch)
+        items: list[dict[str, Any]] = [{"Update": cursor}, {"ConditionCheck": fence}]
         items += [{"Update": self._bucket_update(b, t)} for b, t in totals.items()]
         items += [{"Update": self._tenant_update(t, now_s)} for t in tenants]
         from botocore.exceptions import BotoCoreError, ClientError
@@ -225,13 +246,44 @@ class UsageTable:
         try:
             self.client.transact_write_items(TransactItems=items)
         except ClientError as e:
-            reasons = e.response.get("CancellationReasons") or []
-            if reasons and reasons[0].get("Code") == "ConditionalCheckFailed":
-                return False
+            # One reason per action, in order: the cursor's update, then the epoch's check.
+            codes = [r.get("Code") for r in e.response.get("CancellationReasons") or []]
+            if codes[1:2] == ["ConditionalCheckFailed"]:
+                return Write.FENCED
+            if codes[:1] == ["ConditionalCheckFailed"]:
+                return Write.MOVED
             raise DurableStoreUnavailable(f"DynamoDB refused the usage write: {e}") from e
         except BotoCoreError as e:
             raise DurableStoreUnavailable(f"DynamoDB unreachable: {e}") from e
-        return True
+        return Write.APPLIED
+
+    # -- restores fence the runs that began before them ---------------------------------------
+
+    def epoch(self, root: str) -> int:
+        """How many restores ``root``'s hierarchy has had (0: none recorded)."""
+        item = self._call("GetItem", TableName=self.name, Key=_epoch_key(root),
+                          ConsistentRead=True).get("Item")  # fmt: skip
+        return int(item["epoch"]["N"]) if item else 0
+
+    def fence(self, root: str) -> int:
+        """Count one more restore of ``root``'s hierarchy; returns the new epoch. From now on no
+        run that read an older epoch writes anything."""
+        reply = self._call(
+            "UpdateItem", TableName=self.name, Key=_epoch_key(root),
+            UpdateExpression="ADD epoch :one SET restored_at = :t",
+            ExpressionAttributeValues={":one": {"N": "1"}, ":t": {"N": str(int(time.time()))}},
+            ReturnValues="UPDATED_NEW",
+        )  # fmt: skip
+        return int(reply["Attributes"]["epoch"]["N"])
+
+    def _epoch_is(self, root: str, epoch: int) -> dict[str, Any]:
+        check: dict[str, Any] = {"TableName": self.name, "Key": _epoch_key(root)}
+        if epoch:
+            check["ConditionExpression"] = "epoch = :e"
+            check["ExpressionAttributeValues"] = {":e": {"N": str(epoch)}}
+        else:
+            check["ConditionExpression"] = "attribute_not_exists(epoch)"
+        return check
 
     def _cursor_update(
         self, root: str, generation: str, previous: str | None, last_id: str, n: int, now_s: int
@@ -363,6 +415,10 @@ class UsageTable:
 
 
 _WHO = ("tenant", "org", "key_id", "route", "model", "provider")
+
+
+def _epoch_key(root: str) -> dict[str, Any]:
+    return {"pk": {"S": f"epoch#{root}"}, "sk": {"S": "epoch"}}
 
 
 def _row(who: tuple[str, ...], t: Totals) -> UsageRow:

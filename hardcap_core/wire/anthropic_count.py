@@ -3,7 +3,9 @@ admission reserves and what ``POST /v1/messages/count_tokens`` answers.
 
 The estimate is :func:`hardcap_core.wire.openai_input.input_tokens` on the translated (OpenAI
 chat) body, plus what Anthropic bills beyond OpenAI's rules (:func:`anthropic_extra_tokens`),
-so it is an upper bound whichever kind of upstream the route has.
+so it is an upper bound whichever kind of upstream the route has. A PDF is read once for both
+(:mod:`hardcap_core.wire.pdf`): its pages' text bound and OpenAI's image of each page in the
+first, what Anthropic's image of a page costs more in the second.
 
 count_tokens answers with this estimate and calls no upstream. Forwarding to an Anthropic
 upstream's own count_tokens would be exact, but it would cost a round trip (and that
@@ -16,11 +18,12 @@ bound: English prose counts about 2.6 times its real tokens (:mod:`hardcap_core.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from hardcap_core.chat import ChatRequest
 from hardcap_core.wire.media import base64_bytes, image_size, url_image_tokens
+from hardcap_core.wire.openai_input import pdf_documents
+from hardcap_core.wire.pdf import PAGE_IMAGE_TOKENS
 
 # Anthropic adds a system prompt when tools are given: 159 to 530 input tokens by model and
 # tool_choice (tool-use docs, "Pricing"); the largest is charged.
@@ -29,26 +32,26 @@ TOOL_SYSTEM_PROMPT_TOKENS = 530
 # area into about 1.15 megapixels (vision docs); about 1,600 tokens at most.
 ANTHROPIC_IMAGE_LONG_EDGE = 1568
 ANTHROPIC_IMAGE_BOUND = 1600
-# PDFs: each page is billed as its text plus an image of it (PDF docs: 1,500 to 3,000 tokens a
-# page); the text is already counted by the bytes, the image here. Up to 100 pages a request.
-PDF_PAGE_IMAGE_TOKENS = ANTHROPIC_IMAGE_BOUND
-PDF_MAX_PAGES = 100
-_PDF_PAGE = re.compile(rb"/Type\s*/Page(?![A-Za-z])")
+# PDFs: each page is billed as its text plus an image of it (PDF docs: "1,500 to 3,000 tokens
+# per page" of text, plus the image's cost). OpenAI's count of the body holds the text's bound
+# and OpenAI's image of each page (wire/pdf.py); what Anthropic's image costs more is added.
+PDF_PAGE_EXTRA_TOKENS = PAGE_IMAGE_TOKENS["anthropic"] - PAGE_IMAGE_TOKENS["openai"]
 
 
 def anthropic_extra_tokens(body: dict[str, Any]) -> int:
     """What Anthropic bills for a translated ``body`` beyond OpenAI's rules: the tool-use
-    system prompt, images where its rule costs more, and an image per PDF page."""
+    system prompt, images where its rule costs more, and its image of each PDF page."""
     extra = TOOL_SYSTEM_PROMPT_TOKENS if body.get("tools") else 0
-    for message in body["messages"]:
-        content = message.get("content")
+    for message in body.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
         for part in content if isinstance(content, list) else ():
-            if part.get("type") == "image_url":
-                url = part["image_url"]["url"]
+            if not isinstance(part, dict) or part.get("type") != "image_url":
+                continue
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, dict) else image
+            if isinstance(url, str):
                 extra += max(0, _anthropic_image(url) - url_image_tokens(url, None))
-            elif part.get("type") == "file":
-                extra += _pdf_pages(part["file"]["file_data"]) * PDF_PAGE_IMAGE_TOKENS
-    return extra
+    return extra + sum(cost.pages for _, cost in pdf_documents(body)) * PDF_PAGE_EXTRA_TOKENS
 
 
 def _anthropic_image(url: str) -> int:
@@ -61,15 +64,6 @@ def _anthropic_image(url: str) -> int:
     # Larger images are scaled down to about the bound's area (its docs list 1092 x 1092 at
     # 1,590 tokens), so the bound caps what the long edge alone would give.
     return min(ANTHROPIC_IMAGE_BOUND, math.ceil(width * height * scale * scale / 750))
-
-
-def _pdf_pages(data_url: str) -> int:
-    """Pages of a base64 PDF, counted from its page objects; the most a request may hold
-    when they cannot all be seen (compressed object streams, escaped names)."""
-    data = base64_bytes(data_url.partition(",")[2])
-    if b"/ObjStm" in data or b"#" in data:
-        return PDF_MAX_PAGES
-    return min(PDF_MAX_PAGES, max(1, len(_PDF_PAGE.findall(data))))
 
 
 def count_tokens_reply(request: ChatRequest) -> dict[str, int]:

@@ -4,8 +4,10 @@ Everything a provider may bill is counted, and anything not known to be free cou
 serialized length: a field Hardcap has never heard of is a field a provider may put in the
 prompt. What is free is listed (:data:`FREE_PARAMETERS`): sampling and output parameters, ids
 and labels that steer the call but are not part of the prompt. Text counts by
-:func:`hardcap_core.tokens.input_text_tokens`, an upper bound by character class; images,
-audio and files by :mod:`hardcap_core.wire.media`.
+:func:`hardcap_core.tokens.input_text_tokens`, an upper bound by character class; images and
+audio by :mod:`hardcap_core.wire.media`; PDFs by their pages, read with a real parser
+(:mod:`hardcap_core.wire.pdf`), each page's text bound plus OpenAI's image of it; any other
+file by its bytes, a token each.
 
 Two things cannot be bounded from the request, and are refused: a file referenced by
 ``file_id`` and earlier audio referenced by ``audio.id`` (their size is on the provider).
@@ -14,6 +16,7 @@ Two things cannot be bounded from the request, and are refused: a file reference
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from hardcap_core.errors import InvalidRequest
@@ -21,10 +24,12 @@ from hardcap_core.tokens import input_text_tokens
 from hardcap_core.wire.media import (
     IMAGE_BOUND_TOKENS,
     audio_bound_tokens,
+    base64_bytes,
     data_url_payload,
     decoded_size,
     url_image_tokens,
 )
+from hardcap_core.wire.pdf import Allowance, PdfCost, is_declared_pdf, pdf_cost
 
 # OpenAI's chat format: 3 tokens around each message and 1 more for a name (the cookbook's
 # "How to count tokens"); one more here for any other chat template's separators.
@@ -75,8 +80,9 @@ def input_tokens(body: dict[str, Any]) -> int:
     """An upper bound on the prompt tokens ``body`` will be billed; corrected at settlement by
     the provider's count. Raise :class:`InvalidRequest` for input that cannot be bounded."""
     total = REPLY_PRIMING
+    documents = Allowance()  # what this request's PDFs may make the gateway read, together
     for i, message in enumerate(body.get("messages") or ()):
-        total += _message(message, f"messages[{i}]")
+        total += _message(message, f"messages[{i}]", documents)
     for field, value in body.items():
         if field == "messages" or field in FREE_PARAMETERS or value is None:
             continue
@@ -97,7 +103,7 @@ def _value(value: Any) -> int:
     return input_text_tokens(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
 
 
-def _message(message: dict[str, Any], where: str) -> int:
+def _message(message: dict[str, Any], where: str, documents: Allowance) -> int:
     total = PER_MESSAGE_OVERHEAD
     for field, value in message.items():
         if value is None:
@@ -105,7 +111,7 @@ def _message(message: dict[str, Any], where: str) -> int:
         if field == "role" and isinstance(value, str):
             total += ROLE_TOKENS
         elif field == "content":
-            total += _content(value, f"{where}.content")
+            total += _content(value, f"{where}.content", documents)
         elif field == "name":
             total += NAME_OVERHEAD + _value(value)
         elif field == "audio":
@@ -116,13 +122,13 @@ def _message(message: dict[str, Any], where: str) -> int:
     return total
 
 
-def _content(content: Any, where: str) -> int:
+def _content(content: Any, where: str, documents: Allowance) -> int:
     if not isinstance(content, list):
         return _value(content)
-    return sum(_part(part, f"{where}[{j}]") for j, part in enumerate(content))
+    return sum(_part(part, f"{where}[{j}]", documents) for j, part in enumerate(content))
 
 
-def _part(part: Any, where: str) -> int:
+def _part(part: Any, where: str, documents: Allowance) -> int:
     if not isinstance(part, dict):
         return _value(part)
     kind = part.get("type")
@@ -135,7 +141,7 @@ def _part(part: Any, where: str) -> int:
         elif field == "input_audio" and kind in ("input_audio", None):
             total += _input_audio(value)
         elif field == "file" and kind in ("file", None):
-            total += _file(value, f"{where}.file")
+            total += _file(value, f"{where}.file", documents)
         else:
             # text, refusal, a part type Hardcap does not know: by its text.
             total += _value(value)
@@ -165,8 +171,8 @@ def _input_audio(audio: Any) -> int:
     return audio_bound_tokens(audio["data"]) + (_value(extra) if extra else 0)
 
 
-def _file(file: Any, where: str) -> int:
-    """A file part: its bytes at one token each (the bound for text), and its name."""
+def _file(file: Any, where: str, documents: Allowance) -> int:
+    """A file part: its data (:func:`_file_data`) and its other fields, such as its name."""
     if not isinstance(file, dict):
         return _value(file)
     if file.get("file_id") is not None:
@@ -178,11 +184,69 @@ def _file(file: Any, where: str) -> int:
     total = 0
     for field, value in file.items():
         if field == "file_data" and isinstance(value, str):
-            payload = data_url_payload(value)
-            total += _value(value) if payload is None else decoded_size(payload)
+            filename = file.get("filename")
+            total += _file_data(value, filename, f"{where}.file_data", documents)
         else:
             total += _value(value)
     return total
+
+
+def _file_data(url: str, filename: Any, where: str, documents: Allowance) -> int:
+    """A file's data as OpenAI bills it: a PDF as the text bound of its pages plus an image of
+    each; any other file by its bytes, a token each (the bound for text). A file that does not
+    say it is a PDF but reads as one may be taken for either: it counts the larger."""
+    payload = data_url_payload(url)
+    if payload is None:
+        return _value(url)  # not a data URL: the provider gets this text
+    cost, declared = _document(url, payload, filename, where, documents)
+    if cost is None:
+        return decoded_size(payload)
+    tokens = cost.tokens("openai")
+    return tokens if declared else max(tokens, decoded_size(payload))
+
+
+def pdf_documents(body: dict[str, Any]) -> Iterator[tuple[str, PdfCost]]:
+    """Each PDF in ``body``'s file parts, with the path of its data: what it costs (read once
+    for the request, see :mod:`~hardcap_core.wire.pdf`), so how many pages it has."""
+    documents = Allowance()
+    for i, message in enumerate(body.get("messages") or ()):
+        content = message.get("content") if isinstance(message, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(part, dict) or part.get("type") not in ("file", None):
+                continue
+            file = part.get("file")
+            url = file.get("file_data") if isinstance(file, dict) else None
+            payload = data_url_payload(url) if isinstance(url, str) else None
+            if isinstance(file, dict) and isinstance(url, str) and payload is not None:
+                where = f"messages[{i}].content[{j}].file.file_data"
+                cost, _ = _document(url, payload, file.get("filename"), where, documents)
+                if cost is not None:
+                    yield where, cost
+
+
+def _document(
+    url: str, payload: str, filename: Any, where: str, documents: Allowance
+) -> tuple[PdfCost | None, bool]:
+    """The PDF a file's data holds, if any, and whether the file says it is one."""
+    data = base64_bytes(payload)
+    declared = is_declared_pdf(url, filename, data)
+    return pdf_cost(data, where, documents, declared=declared), declared
+
+
+def check_pdf_pages(body: dict[str, Any], limit: int | None) -> None:
+    """Refuse ``body`` (a 400 naming the document that passes it) when its PDFs have more
+    pages than a route's ``max_pdf_pages``; None: no cap but the gateway's."""
+    if limit is None:
+        return
+    pages = 0
+    for where, cost in pdf_documents(body):
+        pages += cost.pages
+        if pages > limit:
+            raise InvalidRequest(
+                f"'{where}': this request's documents have at least {pages} pages; the most "
+                f"this model allows here is {limit} (max_pdf_pages).",
+                param=where,
+            )
 
 
 def _assistant_audio(audio: Any, where: str) -> int:

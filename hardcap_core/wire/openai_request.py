@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hardcap_core.budgets import NO_TERMS, Terms
 from hardcap_core.chat import OPENAI_CHAT, ChatRequest
 from hardcap_core.errors import InvalidRequest
 from hardcap_core.wire import json_body
@@ -55,6 +56,10 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     response_format = body.get("response_format")
     if response_format is not None and not isinstance(response_format, dict):
         raise InvalidRequest("'response_format' must be an object.", param="response_format")
+    # A tier changes the price: it is priced by the route or refused (gateway/charge.py).
+    tier = body.get("service_tier")
+    if tier is not None and (not isinstance(tier, str) or not tier):
+        raise InvalidRequest("'service_tier' must be a non-empty string.", param="service_tier")
 
     field, max_tokens = "max_tokens", None
     # Both are checked; max_completion_tokens (OpenAI's current name) wins when both are sent.
@@ -78,6 +83,26 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         input_tokens=input_tokens(body),
         dialect=DIALECT,
     )
+
+
+def price_terms(body: dict[str, Any]) -> Terms:
+    """What an OpenAI-shaped ``body`` asks that changes its price: its ``service_tier``, and
+    whether any of its parts or tools marks a prompt-cache write kept longer than 5 minutes
+    (Anthropic's ``cache_control.ttl: "1h"``, 2x the input price: any ``ttl`` but "5m")."""
+    tier = body.get("service_tier")
+    tier = tier if isinstance(tier, str) and tier else None
+    hour = any(_kept_long(tool) for tool in body.get("tools") or ()) or any(
+        _kept_long(part)
+        for message in body.get("messages") or ()
+        if type(message) is dict and type(content := message.get("content")) is list
+        for part in content
+    )
+    return NO_TERMS if tier is None and not hour else Terms(tier, hour)
+
+
+def _kept_long(item: Any) -> bool:
+    mark = item.get("cache_control") if type(item) is dict else None
+    return type(mark) is dict and mark.get("ttl", "5m") != "5m"
 
 
 def _is_int(value: Any) -> bool:

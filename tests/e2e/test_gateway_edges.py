@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import logging
+import socket
+import time
 
 import httpx
 import openai
@@ -125,3 +127,67 @@ def test_a_stream_the_provider_gzips_anyway_reaches_the_client_intact(
     assert finish == ["stop"]
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == 30 == mock.truth("alpha")["completion_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("GET", "/v1/messages", "POST"),
+        ("GET", "/v1/chat/completions", "POST"),
+        ("PUT", "/v1/messages/count_tokens", "POST"),
+        ("POST", "/v1/models", "GET"),
+    ],
+)
+def test_a_405_names_the_methods_allowed(base: str, method: str, path: str, allowed: str) -> None:
+    """It said "use ." (the Allow header was read under a name of another case)."""
+    r = httpx.request(method, root(base) + path, headers=AUTH)
+    assert r.status_code == 405
+    assert allowed in r.headers["allow"].split(", ")
+    message = r.json()["error"]["message"]
+    assert f"{method} is not allowed on {path}; use {r.headers['allow']}." == message
+
+
+class Captured(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens"]
+)
+def test_a_client_that_leaves_mid_upload_is_an_info_line_not_an_error(
+    base: str, mock: Mock, path: str
+) -> None:
+    """It was logged as an unhandled error, with a traceback (starlette's ClientDisconnect)."""
+    captured = Captured()
+    loggers = [logging.getLogger("uvicorn.error"), logging.getLogger()]
+    logger.addHandler(captured)
+    for each in loggers:
+        each.addHandler(captured)
+    try:
+        url = httpx.URL(root(base))
+        sock = socket.create_connection((url.host, url.port or 80))
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: {url.host}\r\nAuthorization: {AUTH['authorization']}"
+            "\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n".encode()
+            + b'{"model": "small", "messages": [{"role": "user", "content": "half a bo'
+        )
+        time.sleep(0.2)  # the gateway is reading the body
+        sock.close()
+        deadline = time.monotonic() + 5
+        while not [r for r in captured.records if getattr(r, "path", None) == path]:
+            assert time.monotonic() < deadline, "the request was never logged"
+            time.sleep(0.02)
+    finally:
+        logger.removeHandler(captured)
+        for each in loggers:
+            each.removeHandler(captured)
+    errors = [r for r in captured.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert errors == []
+    line = next(r for r in captured.records if getattr(r, "path", None) == path)
+    assert line.levelno == logging.INFO and getattr(line, "status", None) == 499
+    assert mock.truth("alpha") == {}

@@ -146,3 +146,97 @@ def test_json_python_mishandles_is_a_400_through_the_gateway(
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and said in error["message"]
     assert mock.truth("alpha") == {} or spent(mock) == 0
+
+
+# Bad input through the gateway, on both endpoints, streamed or not: a 400 naming the field
+# path, nothing billed. Each was a 500 (a lone surrogate: the upstream body failed to encode)
+# or a 400 that said what was wrong but not where.
+LONE = '"hi \\ud800 there"'  # valid JSON, not Unicode text
+DEEP = "[" * 5_000 + "]" * 5_000
+HUGE = "9" * 5_000
+SCHEMA_INT = "1" * 200
+
+
+def _tool_schema(maximum: str) -> str:
+    return (
+        '{"type": "object", "properties": {"n": {"type": "integer", "maximum": ' + maximum + "}}}"
+    )
+
+
+def _openai(
+    system: str = '"be brief"',
+    user: str = '"hi"',
+    description: str = '"d"',
+    max_tokens: str = "64",
+    schema: str = '{"type": "object"}',
+) -> str:
+    tool = '{"type": "function", "function": {"name": "f", "description": ' + description
+    return (
+        '{"model": "small", "user": "alpha", "max_tokens": ' + max_tokens + ', "messages": ['
+        '{"role": "system", "content": ' + system + '}, {"role": "user", "content": ' + user
+        + '}], "tools": [' + tool + ', "parameters": ' + schema + "}}]"
+    )  # fmt: skip
+
+
+def _anthropic(
+    system: str = '"be brief"',
+    user: str = '"hi"',
+    description: str = '"d"',
+    max_tokens: str = "64",
+    schema: str = '{"type": "object"}',
+) -> str:
+    return (
+        '{"model": "small", "metadata": {"user_id": "alpha"}, "max_tokens": ' + max_tokens
+        + ', "system": ' + system + ', "messages": [{"role": "user", "content": ' + user + "}],"
+        ' "tools": [{"name": "f", "description": ' + description + ', "input_schema": '
+        + schema + "}]"
+    )  # fmt: skip
+
+
+BAD_INPUT = [
+    ("/chat/completions", _openai(user=LONE), "messages[1].content", "surrogate"),
+    ("/chat/completions", _openai(description=LONE), "tools[0].function.description", "surrogate"),
+    ("/chat/completions", _openai(system=LONE), "messages[0].content", "surrogate"),
+    ("/chat/completions", _openai(system=DEEP), "messages[0].content", "levels deep"),
+    ("/chat/completions", _openai(max_tokens=HUGE), "max_tokens", "5000 digits"),
+    (
+        "/chat/completions",
+        _openai(schema=_tool_schema(SCHEMA_INT)),
+        "tools[0].function.parameters.properties.n.maximum",
+        "200 digits",
+    ),
+    ("/messages", _anthropic(user=LONE), "messages[0].content", "surrogate"),
+    ("/messages", _anthropic(description=LONE), "tools[0].description", "surrogate"),
+    ("/messages", _anthropic(system=LONE), "system", "surrogate"),
+    ("/messages", _anthropic(system=DEEP), "system", "levels deep"),
+    ("/messages", _anthropic(max_tokens=HUGE), "max_tokens", "5000 digits"),
+    (
+        "/messages",
+        _anthropic(schema=_tool_schema(SCHEMA_INT)),
+        "tools[0].input_schema.properties.n.maximum",
+        "200 digits",
+    ),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize(
+    ("path", "raw", "field", "said"),
+    BAD_INPUT,
+    ids=[f"{path[1:]}-{field}-{said.split()[-1]}" for path, _, field, said in BAD_INPUT],
+)
+def test_bad_input_is_a_400_naming_the_field_on_both_endpoints(
+    gateway: str, mock: Mock, path: str, raw: str, field: str, said: str, stream: bool
+) -> None:
+    body = raw + (', "stream": true}' if stream else "}")
+    r = httpx.post(
+        gateway + path,
+        content=body.encode(),
+        headers={"authorization": f"Bearer {KEYS['alpha']}", "content-type": "application/json"},
+    )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert f"'{field}'" in error["message"] and said in error["message"], error
+    if path == "/chat/completions":
+        assert error["param"] == field
+    assert mock.truth("alpha") == {} or spent(mock) == 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +23,7 @@ from moto import mock_aws
 from hardcap_core import env
 from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.valkey import LocalValkey, free_port
+from hardcap_core.rollup import run as run_module
 from hardcap_core.rollup.records import parse_entry
 from hardcap_core.rollup.table import UsageTable, create_table
 from tests.stack import KEYS, Mock, config_data, gateway_thread
@@ -171,3 +174,38 @@ def test_a_cache_killed_mid_stream_loses_no_usage(
             assert ledger_used(base, KEYS["alpha"]) == got["input_tokens"] + got["output_tokens"]
     finally:
         cache.stop()
+
+
+class LambdaContext:
+    """The one thing of Lambda's context object the handler reads."""
+
+    def __init__(self, remaining_ms: int) -> None:
+        self.deadline = time.monotonic() + remaining_ms / 1000
+
+    def get_remaining_time_in_millis(self) -> int:
+        return int((self.deadline - time.monotonic()) * 1000)
+
+
+def test_an_invocation_rolls_up_in_passes_until_shortly_before_its_deadline(
+    mock: Mock, valkey: LocalValkey, table: UsageTable, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A completion settled while the invocation runs is in DynamoDB when it returns (before,
+    one run a minute: it waited for the next invocation)."""
+    with redis.Redis.from_url(valkey.url) as r:
+        r.flushall()
+    mock.reset()
+    monkeypatch.setattr(run_module, "INTERVAL_S", 0.3)
+    data = config_data(mock.url, valkey.url)
+    with gateway_thread(data) as base:
+        stream(base, KEYS["alpha"], "Before the invocation.")
+        later = threading.Timer(0.6, stream, (base, KEYS["alpha"], "During the invocation."))
+        later.start()
+        started = time.monotonic()
+        context = LambdaContext(int((run_module.RESERVE_S + 2.0) * 1000))
+        summary = rollup_handler(data, tmp_path, monkeypatch)(EVENT, context)
+        later.join()
+        took = time.monotonic() - started
+    assert summary["passes"] >= 3 and summary["applied"] == 2
+    assert totals(table, "alpha")["requests"] == 2
+    assert 1.5 <= took < 4.0  # until RESERVE_S before the deadline, not past it

@@ -225,3 +225,103 @@ async def test_waiters_that_join_in_the_same_millisecond_keep_their_order(ledger
         await ledger.settle(held.reservation, input_tokens=0, output_tokens=10)
         assert isinstance(await admit(ledger, sc, f"aa-{i}", 500), Queued)  # still second
         assert isinstance(await admit(ledger, sc, f"zz-{i}", 500), Admitted)
+
+
+def leaves_after(seconds: float | None = None, when: asyncio.Event | None = None) -> Any:
+    """An ASGI receive channel whose body was read: its client disconnects after ``seconds``,
+    or once ``when`` is set."""
+
+    async def receive() -> dict[str, Any]:
+        if when is not None:
+            await when.wait()
+        else:
+            await asyncio.sleep(seconds or 0)
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
+async def records_of(ledger: Ledger, client: Any, sc: Any) -> list[Any]:
+    stream = ledger.keys.usage_stream(sc.root)
+    return [parse_entry(rid, fields) for rid, fields in await client.xrange(stream)]
+
+
+async def test_a_waiter_whose_client_leaves_leaves_the_queue_at_once(
+    ledger: Ledger, client: Any
+) -> None:
+    sc = scope((TENANT, TOT, 1000, "day"))
+    held = await admit(ledger, sc, "held", 900)
+    meta = ReservationMeta(route="small", request_id="req-gone")
+
+    def call(ticket_ms: int) -> Any:
+        return admit(ledger, sc, "leaver", 500, queue_ticket_ms=ticket_ms, meta=meta)
+
+    started = asyncio.get_running_loop().time()
+    waited = await admit_in_turn(
+        call, ledger=ledger, scope=sc, reservation_id="leaver", meta=meta, wait_s=10.0,
+        wakeups=Wakeups(), receive=leaves_after(0.2),
+    )  # fmt: skip
+    # It left when its client did, not when it would have been admitted or given up.
+    assert asyncio.get_running_loop().time() - started < 1.0
+    assert waited.client_left and isinstance(waited.result, Refused)
+    nxt = await admit(ledger, sc, "next", 500)
+    assert isinstance(nxt, Queued) and nxt.ahead == 0  # its ticket is gone
+    assert (await ledger.usage(sc)).rows[0].reserved == 900  # nothing was reserved for it
+    refusals = [r for r in await records_of(ledger, client, sc) if r.refused]
+    assert [(r.outcome, r.request_id, r.cost_nusd, r.input_tokens) for r in refusals] == [
+        ("client_gone", "req-gone", 0, 0)
+    ]
+    assert isinstance(held, Admitted)
+
+
+async def test_one_admitted_the_moment_its_client_left_is_given_back_at_no_cost(
+    ledger: Ledger, client: Any
+) -> None:
+    """The client leaves during the admit call that admits it: that admit is never cut short
+    (its hold would be left to expire and be charged), and the hold goes back at zero."""
+    sc = scope((TENANT, TOT, 1000, "day"))
+    held = await admit(ledger, sc, "held", 900)
+    gone = asyncio.Event()
+    calls = 0
+
+    async def call(ticket_ms: int) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            await ledger.settle(held.reservation, input_tokens=0, output_tokens=100)
+            gone.set()  # the client leaves while this admit is on its way
+        return await admit(ledger, sc, "lucky", 500, queue_ticket_ms=ticket_ms)
+
+    waited = await admit_in_turn(
+        call, ledger=ledger, scope=sc, reservation_id="lucky", meta=ReservationMeta(),
+        wait_s=10.0, wakeups=Wakeups(), receive=leaves_after(when=gone),
+    )  # fmt: skip
+    assert waited.client_left and isinstance(waited.result, Refused)
+    row = (await ledger.usage(sc)).rows[0]
+    assert (row.used, row.reserved) == (100, 0)  # the held stream's 100; nothing for "lucky"
+    settles = [r for r in await records_of(ledger, client, sc) if r.reservation_id == "lucky"]
+    assert [(r.outcome, r.cost_nusd, r.input_tokens, r.output_tokens) for r in settles] == [
+        ("client_gone", 0, 0, 0)
+    ]
+
+
+async def test_a_waiter_whose_client_stays_is_admitted_as_before(ledger: Ledger) -> None:
+    sc = scope((TENANT, TOT, 1000, "day"))
+    held = await admit(ledger, sc, "held", 900)
+    wakeups = Wakeups()
+
+    def call(ticket_ms: int) -> Any:
+        return admit(ledger, sc, "stays", 500, queue_ticket_ms=ticket_ms)
+
+    async def settle_soon() -> None:
+        await asyncio.sleep(0.2)
+        await ledger.settle(held.reservation, input_tokens=0, output_tokens=100)
+        wakeups.freed(sc)
+
+    settling = asyncio.create_task(settle_soon())
+    waited = await admit_in_turn(
+        call, ledger=ledger, scope=sc, reservation_id="stays", meta=ReservationMeta(),
+        wait_s=10.0, wakeups=wakeups, receive=leaves_after(60.0),
+    )  # fmt: skip
+    await settling
+    assert isinstance(waited.result, Admitted) and not waited.client_left

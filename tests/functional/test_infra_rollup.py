@@ -88,6 +88,17 @@ def test_schedule_runs_the_rollup_without_retries() -> None:
     assert props["Timeout"] < 60
 
 
+def test_an_invocation_rolls_up_every_few_seconds_for_most_of_its_minute() -> None:
+    """What a lost cache forgets is what arrived since the last pass: passes every few
+    seconds until shortly before the timeout, which leaves the slowest pass its budget."""
+    from hardcap_core.rollup import run
+
+    timeout = RESOURCES["RollupFunction"]["Properties"]["Timeout"]
+    assert run.INTERVAL_S <= 10
+    assert timeout - run.RESERVE_S >= 50  # the last pass starts at least 50 s in
+    assert 60 - (timeout - run.RESERVE_S) + run.INTERVAL_S <= 15  # the longest gap, in s
+
+
 def test_sample_event_is_what_the_schedule_sends() -> None:
     """events/scheduler-rollup.json is the schedule's Input with Scheduler's placeholders
     filled in (docs.aws.amazon.com/scheduler: managing-schedule-context-attributes)."""
@@ -121,9 +132,10 @@ def test_rollup_role_reaches_the_table_only() -> None:
 
 
 def test_gateway_reaches_its_own_partitions_only() -> None:
-    """It keeps settles the cache missed and restores lost counters (usage rows, the stream
-    cursor, the kept settles, charged then deleted); the rollup alone writes usage and cursors.
-    Each action is the one hardcap_core/rollup/table.py calls for that partition."""
+    """It keeps settles the cache missed and restores lost counters (the restore epoch, usage
+    rows, the stream cursor, the kept settles, charged then deleted); the rollup alone writes
+    usage and cursors. Each action is the one hardcap_core/rollup/table.py calls for that
+    partition."""
     granted: dict[str, set[str]] = {}
     for statement in dynamodb_statements("GatewayRole"):
         assert statement["Resource"] == TABLE_ARN
@@ -135,6 +147,7 @@ def test_gateway_reaches_its_own_partitions_only() -> None:
         "dynamodb:DeleteItem": {"pending#*"},
         "dynamodb:Query": {"usage#*", "pending#*"},
         "dynamodb:GetItem": {"cursor#*"},
+        "dynamodb:UpdateItem": {"epoch#*"},
     }
 
 

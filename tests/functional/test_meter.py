@@ -189,6 +189,21 @@ async def test_a_running_report_is_a_floor_and_a_final_one_the_bill(
     assert (meter.charged_input, meter.charged_output) == charged
 
 
+async def test_a_cut_stream_is_charged_the_input_the_provider_reported(
+    standalone_client: Any,
+) -> None:
+    """Anthropic's message_start reports the prompt's count before any output: a stream cut
+    after it is charged that count, not the gateway's estimate of it (about 3x the bill; a
+    stalled stream was charged 63 + 85 for 30 + 5 billed)."""
+    clock = Clock()
+    meter = await hold(standalone_client, budget=1000, reserve=100, clock=clock)
+    meter.input_estimate = 90
+    meter.note_read(0)
+    assert await stream_in_step(meter, clock, 10) == 10
+    await meter.settle(Outcome.CLIENT_GONE, Usage(30, 1))
+    assert meter.charged_input == 30 and meter.charged_output >= 10
+
+
 async def test_a_cut_after_a_hung_ledger_call_charges_what_the_provider_made_meanwhile() -> None:
     """An extend blocked on a frozen cache: the provider kept generating for as long as the
     call hung (seen: 274 generated, 180 charged, the in-flight guess capped at the hold)."""

@@ -13,6 +13,7 @@ from hardcap_core.config import Route, parse_config
 from hardcap_core.errors import InvalidRequest
 from hardcap_core.providers.bedrock_request import converse_params
 from hardcap_core.wire.openai_request import parse_chat_request
+from tests.pdf_samples import pages_pdf
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
 TOOL = {
@@ -157,7 +158,8 @@ def test_tool_choice_none_without_tool_blocks_sends_no_tools() -> None:
 
 def test_images_and_documents_go_as_bytes() -> None:
     png = "data:image/png;base64," + base64.b64encode(PNG).decode()
-    pdf = "data:application/pdf;base64," + base64.b64encode(b"%PDF-1.4").decode()
+    document = pages_pdf([b""])  # a PDF the input estimate can read (an unreadable one: a 400)
+    pdf = "data:application/pdf;base64," + base64.b64encode(document).decode()
     content = [
         {"type": "text", "text": "look"},
         {"type": "image_url", "image_url": {"url": png}},
@@ -166,7 +168,7 @@ def test_images_and_documents_go_as_bytes() -> None:
     blocks = params([{"role": "user", "content": content}])["messages"][0]["content"]
     assert blocks[1] == {"image": {"format": "png", "source": {"bytes": PNG}}}
     assert blocks[2] == {
-        "document": {"format": "pdf", "name": "report-pdf", "source": {"bytes": b"%PDF-1.4"}}
+        "document": {"format": "pdf", "name": "report-pdf", "source": {"bytes": document}}
     }
 
 

@@ -23,6 +23,7 @@ from hardcap_core.tokens import input_text_tokens
 from hardcap_core.wire import media
 from hardcap_core.wire.openai_input import FREE_PARAMETERS
 from hardcap_core.wire.openai_request import parse_chat_request
+from tests.pdf_samples import attacks
 
 USER = {"role": "user", "content": "hello"}
 
@@ -300,3 +301,17 @@ def test_the_mock_s_tokenizer_loads_with_the_network_off(tmp_path: Any) -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
     )
     assert (done.returncode, done.stdout.strip()) == (0, "2"), done.stderr
+
+
+# The ways past the cap with a PDF sent as `file_data`: each was estimated by its
+# file's bytes (and no image of a page) and billed far more (`tests/pdf_samples.py`).
+ATTACKS = attacks()
+
+
+@pytest.mark.parametrize("name", ATTACKS)
+def test_a_pdf_is_never_estimated_below_its_bill(name: str) -> None:
+    data = ATTACKS[name]
+    file = {"filename": "report.pdf", "file_data": "data:application/pdf;base64," + b64(data)}
+    body = parts({"type": "text", "text": "Summarize the report."}, {"type": "file", "file": file})
+    billed = prompt_tokens(body)  # pypdf's text of each page by cl100k_base, and its image
+    assert estimate(body) >= billed > len(data)  # a token a byte of the file: far too few

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hardcap_core.rollup.records import RecordKind, parse_entry
+from hardcap_core.rollup.table import Totals
 
 STRINGS = '["s","r1","alpha","acme","key-1","chat","gpt-4o-mini","openai","req\\"1","completed"]'
 
@@ -49,3 +50,23 @@ def test_format_1_is_still_read() -> None:
 def test_unknown_or_malformed_records_are_refused(fields: dict[str, str]) -> None:
     with pytest.raises(ValueError, match="usage record 1-0"):
         parse_entry("1-0", fields)
+
+
+def test_a_client_that_left_the_queue_is_a_refusal_the_rollup_counts() -> None:
+    strings = '["r","r3","alpha","acme","key-1","chat","m","p","q","client_gone"]'
+    r = parse_entry("9-0", {"r": f"2,0,1,0,0,0,0,0,9,{strings}"})
+    assert r.refused and r.outcome == "client_gone" and r.cost_nusd == 0
+    totals = Totals()
+    totals.add(r)  # a reader with a closed list of refusals failed here
+    assert (totals.refused_client_gone, totals.refused) == (1, 1)
+    assert (totals.requests, totals.input_tokens, totals.cost_nusd) == (0, 0, 0)
+
+
+def test_a_refusal_reason_this_version_does_not_know_is_counted_not_fatal() -> None:
+    """A newer gateway's refusal reason, read by this rollup during a deploy: one refusal under
+    refused_other, instead of an AttributeError that failed every pass until the upgrade."""
+    strings = '["r","r4","alpha","acme","key-1","chat","m","p","q","some_future_reason"]'
+    r = parse_entry("10-0", {"r": f"2,0,1,0,0,0,0,0,9,{strings}"})
+    totals = Totals()
+    totals.add(r)
+    assert (totals.refused_other, totals.refused, totals.requests) == (1, 1, 0)

@@ -1,0 +1,197 @@
+"""PDFs through the gateway against a 10,000-token budget: what the mock bills never passes it.
+
+One tenant has 10,000 total tokens a day. The issue's ways past the cap with a PDF, each a
+file of a few kilobytes billed tens of thousands of tokens (120 KB of text in one compressed
+stream; pages hidden behind a comment; pages sharing one stream; pages in an object stream;
+encrypted pages), go the ways they went past it: as OpenAI `file_data` to an OpenAI-compatible
+upstream or to an Anthropic one, and as an Anthropic `document` block. The mock bills, in both
+its modes, each page's text (pypdf's extraction, tokenized by cl100k_base) and an image of
+each page. Each is refused before anything is billed; a small PDF is answered until the budget
+says no, one at a time and 8 at once, and what the mock billed stays within the budget.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+import redis
+
+from bench.harness import reserved_left
+from hardcap_core.local.mock_upstream import MockSettings
+from hardcap_core.local.valkey import LocalValkey
+from tests.pdf_samples import (
+    compressed_text_pdf,
+    pages_pdf,
+    prose,
+    shared_stream_pdf,
+    text_content,
+    written_pdf,
+)
+from tests.stack import KEYS, Mock, config_data, gateway_thread
+
+BUDGET = 10_000
+MAX_TOKENS = 32
+KEY_ENV = "HC_TEST_DOCUMENTS_ANTHROPIC_KEY"
+WAYS = ["openai file_data to openai", "openai file_data to anthropic", "anthropic document"]
+TO_OPENAI = WAYS[:1]
+PAGE = text_content(prose(300))
+# name: (the PDF, the ways it went past the cap: estimated under 10,000, billed far more).
+ATTACKS = {
+    "120 KB of text in one compressed stream": (compressed_text_pdf(), WAYS),
+    "45 pages written /Type %c<newline>/Page": (
+        shared_stream_pdf(45, PAGE, page_type=b"/Type %c\n/Page"),
+        WAYS,
+    ),
+    "40 pages sharing one content stream": (
+        shared_stream_pdf(40, text_content(prose(3000))),
+        TO_OPENAI,
+    ),
+    "60 pages in an object stream": (shared_stream_pdf(60, PAGE, in_object_stream=True), TO_OPENAI),
+    "3 pages encrypted (RC4)": (
+        written_pdf([text_content(prose(30_000))] * 3, password="owner"),
+        TO_OPENAI,
+    ),
+}
+CASES = [(name, way) for name, (_, ways) in ATTACKS.items() for way in ways]
+SMALL = pages_pdf([text_content(prose(600))])  # one page: answered a few times
+REFUSALS = frozenset({"budget_exceeded", "budget_busy"})
+
+
+@pytest.fixture(scope="module")
+def mock() -> Iterator[Mock]:
+    m = Mock(MockSettings(pace_ms=0.2, seed=20))
+    yield m
+    m.stop()
+
+
+@pytest.fixture
+def gateway(valkey: LocalValkey, mock: Mock, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A gateway whose tenant alpha has 10,000 tokens a day, with an OpenAI-compatible route
+    (``small``) and an Anthropic one (``claude``), both on the mock."""
+    monkeypatch.setenv(KEY_ENV, "sk-ant-test")
+    with redis.Redis.from_url(valkey.url) as r:
+        r.flushall()
+    mock.reset()
+    budgets = [{"dimension": "total_tokens", "limit": BUDGET, "window": "day"}]
+    data = config_data(
+        mock.url, valkey.url, **{"tenants.0.budgets": budgets, "gateway.max_body_bytes": 1_048_576}
+    )
+    data["upstreams"].append(
+        {"name": "claude", "kind": "anthropic", "base_url": f"{mock.url}/v1",
+         "timeout_seconds": 5, "api_key_env": KEY_ENV}
+    )  # fmt: skip
+    price = {"input_per_million": 1.0, "output_per_million": 2.0}
+    data["routes"].append(
+        {"name": "claude", "upstream": "claude", "model": "mock-small", "price": price,
+         "max_output_tokens": 1024}
+    )  # fmt: skip
+    with gateway_thread(data) as url:
+        yield url
+
+
+def send(base: str, way: str, pdf: bytes) -> str:
+    """One request carrying ``pdf``: "ok" if answered, else the code of the 429 refusing it."""
+    data = base64.b64encode(pdf).decode()
+    question = "Summarize the report."
+    try:
+        if way == "anthropic document":
+            source = {"type": "base64", "media_type": "application/pdf", "data": data}
+            content: Any = [
+                {"type": "document", "source": source},
+                {"type": "text", "text": question},
+            ]
+            sdk = anthropic.Anthropic(
+                base_url=base.removesuffix("/v1"), api_key=KEYS["alpha"], max_retries=0
+            )
+            with sdk:
+                sdk.messages.create(
+                    model="claude", max_tokens=MAX_TOKENS, metadata={"user_id": "alpha"},
+                    messages=[{"role": "user", "content": content}],
+                )  # fmt: skip
+            return "ok"
+        file = {"filename": "report.pdf", "file_data": f"data:application/pdf;base64,{data}"}
+        parts: Any = [{"type": "text", "text": question}, {"type": "file", "file": file}]
+        with openai.OpenAI(base_url=base, api_key=KEYS["alpha"], max_retries=0) as client:
+            client.chat.completions.create(
+                model="small" if way.endswith("to openai") else "claude", max_tokens=MAX_TOKENS,
+                user="alpha", messages=[{"role": "user", "content": parts}],
+            )  # fmt: skip
+        return "ok"
+    except openai.RateLimitError as e:
+        return str(e.code)
+    except anthropic.RateLimitError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        error = body.get("error")
+        return str(error.get("code") or error.get("type")) if isinstance(error, dict) else "429"
+
+
+def spent(mock: Mock) -> int:
+    truth = mock.truth("alpha")
+    assert not truth.get("in_flight")
+    return int(truth.get("prompt_tokens", 0)) + int(truth.get("completion_tokens", 0))
+
+
+@pytest.mark.parametrize(("name", "way"), CASES)
+def test_each_way_past_the_cap_is_refused_before_anything_is_billed(
+    gateway: str, mock: Mock, name: str, way: str
+) -> None:
+    outcome = send(gateway, way, ATTACKS[name][0])
+    assert outcome == "budget_exceeded", outcome
+    assert spent(mock) == 0
+    assert reserved_left(gateway, KEYS["alpha"]) == 0
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_small_pdf_one_at_a_time_until_refused_stays_in_budget(
+    gateway: str, mock: Mock, way: str
+) -> None:
+    answered = 0
+    while (outcome := send(gateway, way, SMALL)) == "ok":
+        answered += 1
+        assert answered < 50, "never refused"
+    assert outcome in REFUSALS and answered >= 1
+    print(f"\n{way}: {answered} answered one at a time, billed {spent(mock)} of {BUDGET}")
+    assert spent(mock) <= BUDGET
+    assert reserved_left(gateway, KEYS["alpha"]) == 0
+
+
+@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("pdf", [SMALL, compressed_text_pdf()], ids=["small", "120 KB of text"])
+def test_eight_at_once_until_refused_stay_in_budget(
+    gateway: str, mock: Mock, way: str, pdf: bytes
+) -> None:
+    waves: list[list[str]] = []
+    with ThreadPoolExecutor(8) as pool:
+        while not waves or "ok" in waves[-1]:
+            waves.append(list(pool.map(lambda _: send(gateway, way, pdf), range(8))))
+            assert set(waves[-1]) <= REFUSALS | {"ok"}
+            assert len(waves) < 20, "never refused"
+    assert spent(mock) <= BUDGET
+    assert reserved_left(gateway, KEYS["alpha"]) == 0
+
+
+def test_a_route_s_max_pdf_pages_refuses_more_pages_with_a_400(
+    valkey: LocalValkey, mock: Mock
+) -> None:
+    with redis.Redis.from_url(valkey.url) as r:
+        r.flushall()
+    mock.reset()
+    data = config_data(mock.url, valkey.url, **{"gateway.max_body_bytes": 1_048_576})
+    data["routes"][0]["max_pdf_pages"] = 2
+    three = base64.b64encode(pages_pdf([text_content("A page.")] * 3)).decode()
+    file = {"filename": "report.pdf", "file_data": f"data:application/pdf;base64,{three}"}
+    parts: Any = [{"type": "text", "text": "Summarize."}, {"type": "file", "file": file}]
+    with gateway_thread(data) as url, openai.OpenAI(base_url=url, api_key=KEYS["alpha"]) as sdk:
+        with pytest.raises(openai.BadRequestError, match="max_pdf_pages") as caught:
+            sdk.chat.completions.create(
+                model="small", max_tokens=8, user="alpha",
+                messages=[{"role": "user", "content": parts}],
+            )  # fmt: skip
+        assert caught.value.param == "messages[0].content[1].file.file_data"
+        assert spent(mock) == 0
