@@ -15,13 +15,15 @@ importtime``) attributes import time to top-level packages.
 Targets: the source tree with this interpreter (default), and with ``--artifact DIR --python
 PY`` a built artifact (``LAMBDA_ARCH=x86_64 sam build`` on an x86_64 machine) under CPython 3.13
 with /var/task's read-only bytecode rule (PYTHONDONTWRITEBYTECODE), both with the bytecode the
-build shipped and with none (``--targets`` picks among them). The page cache is warm: Lambda
-also reads code from a local disk.
+build shipped and with none (``--targets`` picks among them). ``--base-artifact DIR`` adds a
+second artifact (targets ``artifact-base``, ``artifact-base-no-bytecode``): a change measured
+against its base in the same run. The page cache is warm: Lambda also reads code from a local
+disk.
 
 ``--servers asyncio-h11,uvloop-httptools`` measures the uvicorn entry once per event loop and
 HTTP parser: run.sh is copied with its ``--loop`` and ``--http`` options replaced, everything
-else as shipped. Entries take turns run by run, the first of each round rotating, so a burst of
-other work on the machine hits them alike.
+else as shipped. Entries and targets take turns run by run, the first of each round rotating,
+so a burst of other work on the machine hits them alike.
 
     python bench/coldstart.py --runs 10
     python bench/coldstart.py --artifact .aws-sam/build/GatewayFunction \\
@@ -150,18 +152,21 @@ def _all_targets(args: argparse.Namespace, scratch: Path) -> list[Target]:
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     # The repository's hardcap_core, whether or not this environment has it installed.
     found = [Target(f"tree-py{version}", sys.executable, GATEWAY, {"PYTHONPATH": str(ROOT)})]
-    if args.artifact:
-        artifact = Path(args.artifact).resolve()
+    artifacts = [("artifact", args.artifact), ("artifact-base", args.base_artifact)]
+    for name, folder in artifacts:
+        if not folder:
+            continue
+        artifact = Path(folder).resolve()
         python = args.python or "python3.13"
         # /var/task is read-only: only bytecode shipped in the artifact can be used.
         readonly = {"PYTHONDONTWRITEBYTECODE": "1"}
-        found.append(Target("artifact-py3.13", python, artifact, readonly))
+        found.append(Target(f"{name}-py3.13", python, artifact, readonly))
         # Bytecode looked for under an empty prefix: as if the build had shipped none.
-        empty = scratch / "no-pycache"
+        empty = scratch / f"no-pycache-{name}"
         empty.mkdir()
         found.append(
             Target(
-                "artifact-py3.13-no-bytecode",
+                f"{name}-py3.13-no-bytecode",
                 python,
                 artifact,
                 {**readonly, "PYTHONPYCACHEPREFIX": str(empty)},
@@ -220,26 +225,28 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         runs = entries(args, Path(scratch))
         bar = progress(len(chosen) * len(runs) * (args.runs + 1))
         try:
+            samples: dict[tuple[str, str], list[dict[str, Any]]] = {
+                (t.name, e): [] for t in chosen for e in runs
+            }
+            # Targets and entries take turns, run by run, and who goes first rotates: load from
+            # elsewhere, and whatever one start leaves behind for the next, fall on all alike.
+            order = [(t, e, r) for t in chosen for e, r in runs.items()]
+            for i in range(args.runs):
+                shift = i % len(order)
+                for target, entry, run in order[shift:] + order[:shift]:
+                    bar.set_postfix_str(f"{target.name} {entry}")
+                    stack.flush()
+                    samples[(target.name, entry)].append(run(target, stack))
+                    bar.update(1)
             for target in chosen:
-                samples: dict[str, list[dict[str, Any]]] = {entry: [] for entry in runs}
-                # Entries take turns, run by run, and who goes first rotates: load from elsewhere,
-                # and whatever one start leaves behind for the next, fall on all of them alike.
-                order = list(runs.items())
-                for i in range(args.runs):
-                    shift = i % len(order)
-                    for entry, run in order[shift:] + order[:shift]:
-                        bar.set_postfix_str(f"{target.name} {entry}")
-                        stack.flush()
-                        samples[entry].append(run(target, stack))
-                        bar.update(1)
                 entry_results: dict[str, Any] = {}
                 for entry, run in runs.items():
                     stack.flush()
                     profiled = run(target, stack, profile=True)
                     bar.update(1)
                     entry_results[entry] = {
-                        "summary": summarize(samples[entry]),
-                        "samples": samples[entry],
+                        "summary": summarize(samples[(target.name, entry)]),
+                        "samples": samples[(target.name, entry)],
                         "imports": import_breakdown(profiled.pop("importtime")),
                     }
                 results[target.name] = {
@@ -285,9 +292,12 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=10, help="cold starts per entry and target")
     parser.add_argument("--quick", action="store_true", help="3 runs: a smoke test")
     parser.add_argument("--artifact", help="a built artifact folder to measure as well")
+    parser.add_argument("--base-artifact", help="a second artifact (its base), same run")
     parser.add_argument("--python", help="CPython 3.13 for the artifact (default python3.13)")
     parser.add_argument(
-        "--targets", help="comma-separated: tree, artifact, artifact-no-bytecode (default: all)"
+        "--targets",
+        help="comma-separated: tree, artifact, artifact-no-bytecode, artifact-base, "
+        "artifact-base-no-bytecode (default: all)",
     )
     parser.add_argument(
         "--entries", default="uvicorn,mangum", help="comma-separated: uvicorn, mangum"
@@ -314,6 +324,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         "parameters": {
             "runs": args.runs,
             "artifact": args.artifact,
+            "base_artifact": args.base_artifact,
             "python": args.python,
             "event": CHAT_EVENT.relative_to(ROOT).as_posix(),
             "targets": args.targets,

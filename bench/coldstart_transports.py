@@ -10,7 +10,10 @@ its session and TLS context made as its first request makes them). Candidates ta
 The libraries are looked up on ``--path`` (a folder ``pip install --target`` filled with wheels
 for the interpreter, as infra/Makefile does for the artifact, compiled with ``compileall
 --invalidation-mode unchecked-hash`` and read with PYTHONDONTWRITEBYTECODE, as on /var/task),
-then on this repository for hardcap_core.
+then on this repository for hardcap_core (PYTHONSAFEPATH: the working directory is not looked
+at). ``hardcap_http11``, the gateway's own HTTP/1.1 client until it was replaced by aiohttp, is
+looked up on ``--base-path`` instead (an artifact built at a commit that still has it), so the
+client before and after the change are measured in one run.
 
     python bench/coldstart_transports.py --python python3.13 --path /tmp/tp313 --runs 15
 """
@@ -48,7 +51,14 @@ CANDIDATES: dict[str, tuple[str, str]] = {
         "import hardcap_core.providers.aiohttp_transport as h",
         "c = h.AiohttpTransport(); c._client()",
     ),
+    # The client before aiohttp (deleted in f1fc8fc), its TLS context made as its first
+    # HTTPS connection made it: only with --base-path.
+    "hardcap_http11": (
+        "import hardcap_core.providers.http11 as h",
+        "c = h.Http11Transport(); c._tls_context()",
+    ),
 }
+BASE_ONLY = ("hardcap_http11",)
 
 CHILD = """
 import time
@@ -70,9 +80,10 @@ print(json.dumps({{"baseline_ms": (t1 - t0) * 1e3, "import_ms": (t2 - t1) * 1e3,
 
 def run_one(args: argparse.Namespace, name: str) -> dict[str, float]:
     imp, build = CANDIDATES[name]
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONSAFEPATH": "1"}
     # --path may name several folders (the libraries, then an artifact for hardcap_core).
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (args.path, str(ROOT)) if p)
+    path = args.base_path if name in BASE_ONLY else args.path
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (path, str(ROOT)) if p)
     code = CHILD.format(imp=imp, build=build)
     out = subprocess.run(
         [args.python, "-c", code], env=env, capture_output=True, text=True, timeout=60
@@ -126,13 +137,17 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="3 runs")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--path", help="folder with the client libraries (pip --target)")
-    parser.add_argument("--candidates", default=",".join(CANDIDATES))
+    parser.add_argument("--base-path", help="--path for hardcap_http11 (the client before)")
+    parser.add_argument("--candidates", help=f"comma-separated, of {list(CANDIDATES)}")
     parser.add_argument(
         "--out", default=str(ROOT / "bench" / "results" / "coldstart-transports.json")
     )
     args = parser.parse_args(None if argv is None else list(argv))
     if args.quick:
         args.runs = 3
+    if args.candidates is None:
+        base = () if args.base_path else BASE_ONLY
+        args.candidates = ",".join(n for n in CANDIDATES if n not in base)
     return args
 
 
@@ -142,7 +157,12 @@ def main(argv: Iterable[str] | None = None) -> int:
         "bench": "coldstart-transports",
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": shlex.join(["python", "bench/coldstart_transports.py", *sys.argv[1:]]),
-        "parameters": {"runs": args.runs, "python": args.python, "path": args.path},
+        "parameters": {
+            "runs": args.runs,
+            "python": args.python,
+            "path": args.path,
+            "base_path": args.base_path,
+        },
         "machine": machine_info(),
         "versions": versions(args),
         "load_average_before": list(os.getloadavg()),

@@ -24,6 +24,13 @@ and ElastiCache). The costs (duration billed by wall clock, rounded up to 1 ms, 
 x86 prices), the memory default and the share of the model's price are computed from the
 measurements by :func:`cost_model`; docs/cost.md has the tables and sources.
 
+A change measured against its base in one run (bench/lambda_cost_ab.py): ``--gateway-tree
+REV`` / ``--base-tree REV`` run gateways from ``git archive`` exports, ``--rounds N`` measures
+each N times (who goes first alternating, the direct call's blocks between rounds), and
+``--wrk-seconds S`` adds wrk's latency at one connection (back to back, 1-token replies and
+``--short-tokens`` streams) beside the raw-socket client's; the result's ``ab`` holds what
+each adds over the direct call, medians over rounds.
+
     flock /tmp/hardcap-bench.lock .venv/bin/python -m bench.lambda_cost --plot      # ~5 min
     flock /tmp/hardcap-bench.lock .venv/bin/python -m bench.lambda_cost --quick     # < 2 min
     .venv/bin/python -m bench.lambda_cost --report bench/results/lambda-cost.json --markdown
@@ -48,6 +55,7 @@ import yaml
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from bench import cgroup_cpu, stack
+from bench.lambda_cost_ab import ab_summary, print_ab, variants, write_bodies, wrk_latency
 from bench.lambda_cost_model import cost_model
 from bench.lambda_cost_report import publish
 from bench.lambda_cost_requests import (
@@ -95,6 +103,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--report", type=Path, help="recompute the cost model of a result file")
     p.add_argument("--plot", action="store_true", help="also write a PNG beside the result")
     p.add_argument("--markdown", action="store_true", help="print docs/cost.md's tables")
+    p.add_argument("--gateway-tree", metavar="REV", help="the gateway from `git archive REV`")
+    p.add_argument("--base-tree", metavar="REV", help="also a gateway from REV (gateway_base)")
+    p.add_argument("--rounds", type=int, default=1, help="each gateway this many times")
+    p.add_argument("--wrk-seconds", type=float, default=0.0, help="wrk blocks (0: none)")
     p.add_argument("--write-doc", action="store_true", help="put the tables into docs/cost.md")
     add_model_arguments(p)
     ns = p.parse_args(argv)
@@ -132,14 +144,20 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def measure_memory_size(
-    memory_mb: int, data: dict[str, Any], tmp: Path, ns: argparse.Namespace, bar: Any
+    memory_mb: int,
+    data: dict[str, Any],
+    tmp: Path,
+    ns: argparse.Namespace,
+    bar: Any,
+    env: dict[str, str] | None = None,
+    bodies: dict[tuple[str, str], Path] | None = None,
 ) -> dict[str, Any]:
     quota = max(1000, round(memory_mb / ONE_VCPU_MB * ns.period_us))  # the kernel's minimum 1 ms
     group = cgroup_cpu.CpuQuota(str(memory_mb), quota, ns.period_us).create()
     key = stack.tenant_key(TENANT)
     row: dict[str, Any] = {"memory_mb": memory_mb, "cgroup": group.settings()}
     try:
-        gw, row["start"] = start_in_group(group, data, tmp, ns)
+        gw, row["start"] = start_in_group(group, data, tmp, ns, env or {})
         try:
             pid = gw.proc.pid
             row["cgroup"]["members"] = group.members()
@@ -240,6 +258,12 @@ def measure_memory_size(
                     "cpu_share_used": round(busy_ms / 1e3 / cpu["wall_s"], 4),
                 }
                 bar.update(1)
+            if ns.wrk_seconds and bodies:
+                bar.set_postfix_str(f"{memory_mb} MB wrk")
+                m = meter.start()
+                row["wrk"] = wrk_latency(gw.url, pid, key, "cost", bodies, ns.wrk_seconds)
+                row["wrk"]["throttling"] = m.stop()["throttling"]
+                bar.update(1)
             row["rss_kb_after_load"] = memory_kb(pid)
             row["machine_cpu"] = watch.stop()
         finally:
@@ -250,7 +274,11 @@ def measure_memory_size(
 
 
 def start_in_group(
-    group: cgroup_cpu.CpuQuota, data: dict[str, Any], tmp: Path, ns: argparse.Namespace
+    group: cgroup_cpu.CpuQuota,
+    data: dict[str, Any],
+    tmp: Path,
+    ns: argparse.Namespace,
+    env: dict[str, str],
 ) -> tuple[local_stack.Service, dict[str, Any]]:
     """A gateway process that enters the cgroup before Python starts (a shell writes its own
     pid into cgroup.procs, then execs the interpreter), so its start runs under the quota too:
@@ -258,6 +286,9 @@ def start_in_group(
     config = tmp / "config.yaml"
     config.write_text(yaml.safe_dump(data, sort_keys=False))
     launch = stack._gateway_launch(hiredis=True, fast_server=True, log_level=ns.log_level)
+    # As on Lambda, where the loop-lag monitor is not started (gateway/loop_lag.py): under the
+    # quota its ticks run late by a throttled period, and it would shed the requests measured.
+    launch["env"] = {**launch["env"], "AWS_LAMBDA_FUNCTION_NAME": "hardcap-bench", **env}
     procs = group.path / "cgroup.procs"
     launch["command"] = ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", *launch["command"]]
     t0 = time.monotonic()
@@ -366,29 +397,46 @@ def main(argv: list[str] | None = None) -> int:
         "memory_sizes": [],
     }
     started = time.monotonic()
-    bar = tqdm(total=7 * len(sizes) + 2, unit="phase")
     with tempfile.TemporaryDirectory(prefix="hardcap-cost-") as tmp_name, LocalValkey() as vk:
         tmp = Path(tmp_name)
+        gateways = variants(ns, tmp)
+        result["trees"] = {name: tree for name, _, tree in gateways}
+        phases = (7 + bool(ns.wrk_seconds)) * len(sizes) * len(gateways) * ns.rounds
+        bar = tqdm(total=phases + 1 + ns.rounds, unit="phase")
+        bodies = write_bodies(tmp, ns.short_tokens) if ns.wrk_seconds else None
         mock = stack.start_mock(tmp, pace_ms=0.0, seed=13)
         try:
             data = stack.base_config(mock.url, vk.url)
             data["routes"] = [ROUTE]
             data["tenants"] = [stack.tenant_entry(TENANT, 10**15, "30d")]
-            bar.set_postfix_str("direct")
+
+            def direct_block() -> dict[str, list[dict[str, Any]]]:
+                bar.set_postfix_str("direct")
+                got = direct_rows(mock.url, ns)
+                if bodies:
+                    wrk = wrk_latency(mock.url, mock.proc.pid, None, "mock-small", bodies,
+                                      ns.wrk_seconds)  # fmt: skip
+                    result.setdefault("direct_wrk", []).append(wrk)
+                bar.update(1)
+                return got
+
             warm_mock(mock.url)
-            direct = [direct_rows(mock.url, ns)]
-            bar.update(1)
-            for mb in sizes:
-                try:
-                    result["memory_sizes"].append(measure_memory_size(mb, data, tmp, ns, bar))
-                except Exception:
-                    print_logs(tmp)  # a gateway that would not start says why in its log
-                    raise
-                write_json(out, result)
-            bar.set_postfix_str("direct")
-            direct.append(direct_rows(mock.url, ns))
+            direct = [direct_block()]
+            for rnd in range(ns.rounds):
+                k = rnd % len(gateways)
+                for name, env, tree in gateways[k:] + gateways[:k]:
+                    for mb in sizes:
+                        try:
+                            row = measure_memory_size(mb, data, tmp, ns, bar, env, bodies)
+                        except Exception:
+                            print_logs(tmp)  # a gateway that would not start says why in its log
+                            raise
+                        result["memory_sizes"].append(
+                            {"variant": name, "round": rnd, "tree": tree, **row}
+                        )
+                        write_json(out, result)
+                direct.append(direct_block())
             result["direct"] = direct_summary(direct, ns)
-            bar.update(1)
         finally:
             bar.close()
             mock.stop()
@@ -396,8 +444,10 @@ def main(argv: list[str] | None = None) -> int:
     result["complete"] = True
     result["seconds"] = round(time.monotonic() - started, 1)
     result["cost"] = cost_model(result, ns)
+    result["ab"] = ab_summary(result)
     write_json(out, result)
     publish(result, out, ns)
+    print_ab(result["ab"])
     return 0
 
 

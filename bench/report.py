@@ -1,6 +1,6 @@
 """Markdown tables from the benchmark result files, written between markers, never by hand.
 
-Reads bench/results/{overshoot,overhead,ledger,wrk-overhead-head}.json and replaces the blocks
+Reads bench/results/{overshoot,overhead,ledger,wrk-transport-ab}.json and replaces the blocks
 between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (NAME: ledger, overshoot, overhead,
 wrk, speed-goals, levers, goals)
 in docs/benchmarks.md, and in README.md where those markers exist (nothing else in either file
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overshoot", type=Path, default=RESULTS / "overshoot.json")
     p.add_argument("--overhead", type=Path, default=RESULTS / "overhead.json")
     p.add_argument("--ledger", type=Path, default=RESULTS / "ledger.json")
-    p.add_argument("--wrk", type=Path, default=RESULTS / "wrk-overhead-head.json")
+    p.add_argument("--wrk", type=Path, default=RESULTS / "wrk-transport-ab.json")
     p.add_argument("--levers", type=Path, default=RESULTS / "levers.json")
     p.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     p.add_argument("--readme", type=Path, default=ROOT / "README.md")

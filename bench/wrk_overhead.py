@@ -10,6 +10,11 @@ uvicorn process (uvloop + httptools). Targets (``--targets``):
 * ``httpx``, ``httpx_aiohttp``, ``aiohttp``, ``httpx2``: bare proxies to the mock;
 * ``gateway``: the p95-estimator route, a tenant with budget and rate limits (the full path).
 
+With ``--base-tree REV`` a second gateway runs from REV (``gateway_base``) and, if ``transport``
+is a target, a second ``transport`` proxy over REV's ``make_transport()`` (``transport_base``):
+the client alone, before and after. With ``--gateway-tree`` the ``transport`` proxy uses that
+tree's client too.
+
 Measurements, in alternating blocks (every round visits every target in turn, the order
 rotated each round, so all see the same machine): (i) ``latency``: non-streamed 1-token
 completions at ONE connection (``wrk -c1 -t1``), p50/p90/p99/mean, reported as the target's
@@ -128,6 +133,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if "gateway" not in ns.targets:
             p.error("--base-tree needs the gateway target")
         ns.targets.append("gateway_base")
+        if "transport" in ns.targets:
+            ns.targets.insert(ns.targets.index("transport") + 1, "transport_base")
     return ns
 
 
@@ -145,15 +152,27 @@ def config(mock_url: str, redis_url: str) -> dict[str, Any]:
     return data
 
 
-def start_bare(kind: str, upstream: str, tmp: Path) -> local_stack.Service:
-    """One bench/bare_apps.py app under uvicorn, as the gateway runs (uvloop, httptools)."""
+def start_bare(
+    kind: str, upstream: str, tmp: Path, tree: dict[str, str] | None = None, name: str = ""
+) -> local_stack.Service:
+    """One bench/bare_apps.py app under uvicorn, as the gateway runs (uvloop, httptools).
+    With ``tree`` (an export), hardcap_core is that tree's (this checkout's bench/ still
+    serves the app: a folder holding only a link to it goes first on the path)."""
+    name = name or kind
     port = free_port()
     args = [sys.executable, "-m", "uvicorn", "--factory", "bench.bare_apps:app"]
     args += ["--host", "127.0.0.1", "--port", str(port), "--loop", "uvloop", "--http", "httptools"]
     args += ["--log-level", "warning", "--no-access-log", "--timeout-keep-alive", "75"]
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {"BARE_KIND": kind, "BARE_UPSTREAM": upstream, "PYTHONPATH": pythonpath}
-    return local_stack.launch(kind, args, port, tmp / f"{kind}-{port}.log", env=env, cwd=ROOT)
+    if tree:
+        shim = tmp / f"bench-only-{name}"
+        shim.mkdir()
+        (shim / "bench").symlink_to(ROOT / "bench")
+        env = {**env, **tree_env(tree)}
+        env["PYTHONPATH"] = f"{shim}{os.pathsep}{env['PYTHONPATH']}"
+        args += ["--app-dir", str(shim)]  # uvicorn puts it first on sys.path (default: the cwd)
+    return local_stack.launch(name, args, port, tmp / f"{name}-{port}.log", env=env, cwd=ROOT)
 
 
 def write_bodies(tmp: Path, tokens: int) -> dict[tuple[str, str], Path]:
@@ -306,6 +325,21 @@ def export_tree(rev: str, dest: Path) -> dict[str, str]:
     return {"rev": rev, "commit": commit, "path": str(dest)}
 
 
+def tree_env(tree: dict[str, str]) -> dict[str, str]:
+    """A gateway's environment that imports hardcap_core from ``tree``. The gateway starts as
+    ``python -c`` in the checkout, which puts the working directory (the checkout) first on
+    sys.path, ahead of PYTHONPATH: PYTHONSAFEPATH=1 leaves it off. Checked in a child started
+    the same way; :class:`SystemExit` if it would import another copy."""
+    env = {"PYTHONPATH": f"{tree['path']}{os.pathsep}{ROOT}", "PYTHONSAFEPATH": "1"}
+    code = "import hardcap_core; print(hardcap_core.__file__)"
+    found = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    if not Path(found).is_relative_to(tree["path"]):
+        raise SystemExit(f"a gateway from {tree['rev']} would import {found}")
+    tree["hardcap_core_imported_from"] = found
+    return env
+
+
 def versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for package in CLIENT_PACKAGES:
@@ -358,25 +392,28 @@ def main(argv: list[str] | None = None) -> int:
             targets["direct"] = Target(
                 "direct", mock_chat, mock.proc.pid, "mock", "mock-small", None
             )
+        trees: dict[str, dict[str, str] | None] = {"transport": None}
+        if ns.gateway_tree:
+            trees["transport"] = tree = export_tree(ns.gateway_tree, tmp / "gateway-tree")
+            result["gateway_tree"] = tree
+            ns.gateway_env = {**tree_env(tree), **ns.gateway_env}
+        if ns.base_tree:
+            trees["transport_base"] = base = export_tree(ns.base_tree, tmp / "base-tree")
+            result["base_tree"] = base
         for name in ns.targets:
-            if name in ("bare", *PROXIES):
-                svc = start_bare("fixed" if name == "bare" else name, mock_chat, tmp)
+            if name in ("bare", *PROXIES, "transport_base"):
+                kind = {"bare": "fixed", "transport_base": "transport"}.get(name, name)
+                svc = start_bare(kind, mock_chat, tmp, trees.get(name), name)
                 es.callback(svc.stop)
                 pids[name] = svc.proc.pid
                 targets[name] = Target(
                     name, f"{svc.url}/v1/chat/completions", svc.proc.pid, name, "mock-small", None
                 )
         if "gateway" in ns.targets:
-            if ns.gateway_tree:
-                tree = export_tree(ns.gateway_tree, tmp / "gateway-tree")
-                result["gateway_tree"] = tree
-                ns.gateway_env.setdefault("PYTHONPATH", f"{tree['path']}{os.pathsep}{ROOT}")
             gws = [gateway_target(es, "gateway", config(mock.url, vk.url), tmp, ns.gateway_env,
                                   ns, targets, pids)]  # fmt: skip
         if ns.base_tree:
-            base = export_tree(ns.base_tree, tmp / "base-tree")
-            result["base_tree"] = base
-            env = {**ns.gateway_env, "PYTHONPATH": f"{base['path']}{os.pathsep}{ROOT}"}
+            env = {**ns.gateway_env, **tree_env(base)}
             (tmp / "base").mkdir()
             gateway_target(es, "gateway_base", config(mock.url, vk.url), tmp / "base", env, ns,
                            targets, pids)  # fmt: skip
