@@ -154,8 +154,8 @@ def fold_wrk_cpu(cpu: dict[str, Any], wrk_seconds: float, irq_seconds: float) ->
     ``other_share`` here leaves both out (``other_share_with_irq`` keeps the interrupts)."""
     cpu["cpu_seconds"]["wrk"] = round(wrk_seconds, 3)
     cpu["irq_softirq_seconds"] = round(irq_seconds, 2)
-    if cpu["other_processes_seconds"] is not None:
-        capacity = cpu["wall_seconds"] * (os.cpu_count() or 1)
+    capacity = cpu["wall_seconds"] * (os.cpu_count() or 1)
+    if cpu["other_processes_seconds"] is not None and capacity > 0:  # 0: wrk failed at once
         other = max(cpu["other_processes_seconds"] - wrk_seconds, 0.0)
         cpu["other_share_with_irq"] = round(other / capacity, 3)
         other = round(max(other - irq_seconds, 0.0), 2)
