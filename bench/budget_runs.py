@@ -15,6 +15,7 @@ import asyncio
 import json
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,21 +145,32 @@ def flush_tenants(redis_url: str) -> int:
     return deleted
 
 
-async def warm_up(urls: list[str], mode: Mode, requests: int, concurrency: int = 16) -> None:
+async def warm_up(
+    urls: list[str],
+    mode: Mode,
+    requests: int,
+    concurrency: int = 16,
+    prompts: Sequence[str] = (),
+    route: str | None = None,
+) -> None:
     """Fill ``mode``'s shared p95 sample with non-streamed replies at mock pace 0.
 
     The replies come from the same log-normal, capped at the same max_tokens, as the streamed
     ones; without streaming they cost the machine one JSON body each instead of a stream.
+    ``prompts`` (taken in turn) replace the default prompt: a workload whose requests ask the
+    mock for their own output lengths warms the sample with those lengths. ``route``: the
+    route to warm, when it is not named after the mode.
     """
-    prompt = "Warm the estimator. [mock:pace_ms=0]"
+    texts = [f"{p} [mock:pace_ms=0]" for p in prompts] or ["Warm the estimator. [mock:pace_ms=0]"]
     asks = []
-    for tenant in WARMUP_TENANTS:
-        body = json.dumps(chat_body(tenant, mode.name, MAX_TOKENS, prompt, False)).encode()
+    for i, prompt in enumerate(texts if len(texts) > 1 else texts * len(WARMUP_TENANTS)):
+        tenant = WARMUP_TENANTS[i % len(WARMUP_TENANTS)]
+        body = chat_body(tenant, route or mode.name, MAX_TOKENS, prompt, False)
         headers = {
             "authorization": f"Bearer {stack.tenant_key(tenant)}",
             "content-type": "application/json",
         }
-        asks.append((body, headers))
+        asks.append((json.dumps(body).encode(), headers))
     clients = [Client(u, concurrency) for u in urls]
     slots = asyncio.Semaphore(concurrency)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,30 @@ def batches_of(mode: Mode, concurrency: int, runs: int, ns: argparse.Namespace) 
     return out
 
 
+def measure_batches(
+    batches: list[Batch], run: Callable[[Batch], None], target: Target, contended_retries: int
+) -> None:
+    """``run`` each batch, again (at most ``contended_retries`` times) while other processes
+    took more than :data:`CONTENDED` of the machine meanwhile; each tenant-run records how
+    contended it was and how many times its batch was run again."""
+    for batch in batches:
+        retries = 0
+        while True:
+            batch.results, batch.queue_waits_ms = [], []
+            batch_watch = CpuWatch(target.pids).start()
+            run(batch)
+            share = batch_watch.stop()["other_share"]
+            # Other work that takes a real share of the CPU makes the gateways lag behind the
+            # upstream, which is what puts tokens in flight past a budget: run it again.
+            if share is None or share <= CONTENDED or retries >= contended_retries:
+                break
+            retries += 1
+        for r in batch.results:
+            r["other_processes_share"] = share  # how contended the machine was meanwhile
+            r["contended_retries"] = retries
+        target.bar.update(len(batch.tenants))
+
+
 def run_cell(
     ns: argparse.Namespace, mode: Mode, conc: int, runs: int, target: Target
 ) -> dict[str, Any]:
@@ -84,34 +109,23 @@ def _measure_cell(
     before: dict[str, int] | None,
 ) -> dict[str, Any]:
     """The cell's batches (each run again while the machine was contended), summarized."""
-    urls, mock_url, redis_url, pids = target.urls, target.mock_url, target.redis_url, target.pids
-    watch = CpuWatch(pids).start()
+    urls, mock_url, redis_url = target.urls, target.mock_url, target.redis_url
+    watch = CpuWatch(target.pids).start()
     batches = batches_of(mode, conc, runs, ns)
-    for batch in batches:
-        retries = 0
-        while True:
-            batch.results, batch.queue_waits_ms = [], []
-            batch_watch = CpuWatch(pids).start()
-            run_batch(
-                batch,
-                urls,
-                mock_url,
-                redis_url,
-                ns.time_limit,
-                ns.busy_pause,
-                retries=ns.client,
-                max_retries=ns.max_retries,
-            )
-            share = batch_watch.stop()["other_share"]
-            # Other work that takes a real share of the CPU makes the gateways lag behind the
-            # upstream, which is what puts tokens in flight past a budget: run it again.
-            if share is None or share <= CONTENDED or retries >= ns.contended_retries:
-                break
-            retries += 1
-        for r in batch.results:
-            r["other_processes_share"] = share  # how contended the machine was meanwhile
-            r["contended_retries"] = retries
-        target.bar.update(len(batch.tenants))
+
+    def run(batch: Batch) -> None:
+        run_batch(
+            batch,
+            urls,
+            mock_url,
+            redis_url,
+            ns.time_limit,
+            ns.busy_pause,
+            retries=ns.client,
+            max_retries=ns.max_retries,
+        )
+
+    measure_batches(batches, run, target, ns.contended_retries)
     results = [r for b in batches for r in b.results]
     return {
         "mode": mode.name,

@@ -2,7 +2,7 @@
 
 Reads bench/results/{overshoot,overhead,ledger,wrk-transport-ab}.json and replaces the blocks
 between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (NAME: ledger, overshoot, overhead,
-wrk, speed-goals, levers, goals)
+wrk, speed-goals, levers, goals, overshoot-realistic)
 in docs/benchmarks.md, and in README.md where those markers exist (nothing else in either file
 changes). Prints the tables too. The output depends only on the JSON: the same files always
 give the same bytes.
@@ -24,6 +24,7 @@ from typing import Any
 
 from bench.report_format import before_refusal, failed, ms, num, pct, queue_wait
 from bench.report_goals import goals_table
+from bench.report_realistic import realistic_tables
 from bench.report_speed import levers_table, speed_goals_table, wrk_tables
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -278,8 +279,12 @@ def build(
     ledger: Path | None = None,
     wrk: Path | None = None,
     levers: Path | None = None,
+    realistic: Path | None = None,
 ) -> dict[str, str]:
     blocks = {}
+    if realistic and realistic.exists():
+        data = json.loads(realistic.read_text())
+        blocks["overshoot-realistic"] = realistic_tables(data, _rel(realistic))
     if levers and levers.exists():
         blocks["levers"] = levers_table(json.loads(levers.read_text()), _rel(levers))
     if wrk and wrk.exists():
@@ -313,11 +318,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ledger", type=Path, default=RESULTS / "ledger.json")
     p.add_argument("--wrk", type=Path, default=RESULTS / "wrk-transport-ab.json")
     p.add_argument("--levers", type=Path, default=RESULTS / "levers.json")
+    p.add_argument("--realistic", type=Path, default=RESULTS / "overshoot-realistic.json")
     p.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     p.add_argument("--readme", type=Path, default=ROOT / "README.md")
     p.add_argument("--print-only", action="store_true")
     ns = p.parse_args(argv)
-    blocks = build(ns.overshoot, ns.overhead, ns.ledger, ns.wrk, ns.levers)
+    blocks = build(ns.overshoot, ns.overhead, ns.ledger, ns.wrk, ns.levers, ns.realistic)
     for name, block in blocks.items():
         print(f"<!-- bench:{name} -->\n{block}\n<!-- /bench:{name} -->\n")
     if not ns.print_only:

@@ -19,6 +19,10 @@ from typing import Any
 
 NANO_USD_PER_USD = 1_000_000_000
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+# A user level's id: its tenant's id, "~", then the user (what a token's claim or a request's
+# end-user field said, or a digest of it: hardcap_core/users.py), so that users of two tenants
+# under one org never share a level.
+USER_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}~[A-Za-z0-9_.@+\-]{1,96}$")
 
 
 class Dimension(StrEnum):
@@ -44,9 +48,11 @@ DIMENSION_BY_SHORT = {v: k for k, v in _DIM_SHORT.items()}
 
 
 class LevelKind(StrEnum):
-    """A level of the hierarchy: an API key belongs to a tenant, a tenant may belong to an org."""
+    """A level of the hierarchy: an API key belongs to a tenant, a tenant may belong to an org,
+    and a request may be one user's (of a verified token, or an end user the request names)."""
 
     KEY = "key"
+    USER = "user"
     TENANT = "tenant"
     ORG = "org"
 
@@ -64,8 +70,9 @@ class Level:
     id: str
 
     def __post_init__(self) -> None:
-        if not ID_PATTERN.match(self.id):
-            raise ValueError(f"{self.kind.value} id {self.id!r} must match {ID_PATTERN.pattern}")
+        pattern = USER_ID_PATTERN if self.kind is LevelKind.USER else ID_PATTERN
+        if not pattern.match(self.id):
+            raise ValueError(f"{self.kind.value} id {self.id!r} must match {pattern.pattern}")
 
     @property
     def tag(self) -> str:

@@ -1,4 +1,4 @@
-"""The ``hardcap`` command: serve, mock, demo, usage, keys new.
+"""The ``hardcap`` command: serve, mock, demo, usage, admin, config, keys new.
 
 ``hardcap serve -c config.yaml`` runs the gateway under uvicorn (the local stand-in for the
 Lambda function URL); with no Redis URL configured it starts an embedded, real Valkey, and with
@@ -7,6 +7,9 @@ local stand-in for the scheduled rollup function).
 ``hardcap demo`` brings up Valkey, DynamoDB, the mock upstream and the gateway together and
 shows a streamed completion, the tenant's usage, and its spend rolled up into DynamoDB.
 ``hardcap usage`` prints spend per tenant, key and model from the usage table.
+``hardcap admin`` changes tenants, keys and budgets through the admin API (the admin function's
+URL, signed with SigV4, or ``hardcap serve --admin-token``'s ``/admin/v1``); ``hardcap config
+plan|apply|export`` keeps the file's orgs and tenants and the live ones in step.
 
 ``serve``, ``mock`` and ``demo`` stop on SIGTERM as on Ctrl-C: the servers shut down, an embedded
 Valkey is stopped, and the process exits 0.
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hardcap_core import env
+from hardcap_core.local.admin_command import ADMIN_TOKEN
 from hardcap_core.local.rollup_timer import DEFAULT_INTERVAL_S
 from hardcap_core.local.servers import UVICORN_OPTIONS, Terminated, stop_on_sigterm
 from hardcap_core.local.usage_command import add_usage_arguments, usage_command
@@ -58,6 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="SECONDS",
         help=f"seconds between rollups (default {DEFAULT_INTERVAL_S:g})",
     )
+    serve.add_argument(
+        "--admin-token",
+        default=os.environ.get(ADMIN_TOKEN),
+        type=_admin_token,
+        help=f"serve the admin API at /admin/v1 with this bearer token (or ${ADMIN_TOKEN})",
+    )
 
     from hardcap_core.local.mock_upstream import add_mock_arguments
 
@@ -74,6 +84,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     usage = sub.add_parser("usage", help="spend per tenant, key and model, from DynamoDB")
     add_usage_arguments(usage)
+
+    from hardcap_core.local.admin_command import add_admin_arguments
+    from hardcap_core.local.config_command import add_config_arguments
+
+    admin = sub.add_parser("admin", help="tenants, keys, budgets, usage, audit (the admin API)")
+    add_admin_arguments(admin)
+    config = sub.add_parser("config", help="plan / apply / export the live orgs and tenants")
+    add_config_arguments(config)
 
     keys = sub.add_parser("keys", help="manage API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
@@ -95,8 +113,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(ns: argparse.Namespace) -> int:
     if ns.command == "serve":
         return serve_command(
-            ns.config, ns.host, ns.port, rollup=ns.rollup, rollup_interval_s=ns.rollup_interval
-        )
+            ns.config, ns.host, ns.port, rollup=ns.rollup, rollup_interval_s=ns.rollup_interval,
+            admin_token=ns.admin_token,
+        )  # fmt: skip
+    if ns.command == "admin":
+        from hardcap_core.local.admin_command import admin_command
+
+        return admin_command(ns)
+    if ns.command == "config":
+        from hardcap_core.local.config_command import config_command
+
+        return config_command(ns)
     if ns.command == "usage":
         return usage_command(ns)
     if ns.command == "mock":
@@ -149,8 +176,12 @@ def embedded_aws_if_needed() -> LocalAws | None:
     return aws
 
 
-def rollup_timer_if_possible(config: Config, interval_s: float) -> RollupTimer | None:
-    """The rollup on a timer against the usage table the environment names, if it names one."""
+def rollup_timer_if_possible(
+    config: Config, interval_s: float, config_path: str | None = None
+) -> RollupTimer | None:
+    """The rollup on a timer against the usage table the environment names, if it names one
+    (with the live config joined to the file at ``config_path``, if a config table is named:
+    the tenants the admin API made are rolled up too)."""
     from hardcap_core.local.aws import dynamodb_client
     from hardcap_core.local.rollup_timer import RollupTimer
     from hardcap_core.rollup.table import UsageTable
@@ -159,7 +190,11 @@ def rollup_timer_if_possible(config: Config, interval_s: float) -> RollupTimer |
     if not name:
         print(f"hardcap: no {env.USAGE_TABLE}: no rollup; usage stays in the cache", flush=True)
         return None
-    timer = RollupTimer(config, UsageTable(dynamodb_client(), name), interval_s=interval_s)
+    from hardcap_core.control.live import live_from_env
+
+    live = None if config_path is None else live_from_env(config_path)  # its own: another loop
+    table = UsageTable(dynamodb_client(), name)
+    timer = RollupTimer(config, table, interval_s=interval_s, live=live)
     print(f"hardcap: rolling usage up into table {name} every {interval_s:g} s", flush=True)
     return timer.start()
 
@@ -171,22 +206,35 @@ def serve_command(
     *,
     rollup: bool = True,
     rollup_interval_s: float = DEFAULT_INTERVAL_S,
+    admin_token: str | None = None,
 ) -> int:
     """``hardcap serve``: the gateway under uvicorn until Ctrl-C or SIGTERM, with the rollup
-    on a timer unless ``rollup`` is false."""
+    on a timer unless ``rollup`` is false, and the admin API when ``admin_token`` is given."""
     import uvicorn
 
     from hardcap_core.config import load_config
+    from hardcap_core.control.live import live_from_env
     from hardcap_core.gateway.app import create_app
 
     server = aws = timer = None
     try:
         server = embedded_valkey_if_needed(config_path)
         # Before the app: the gateway reads the usage table's name from the environment.
-        aws = embedded_aws_if_needed() if rollup else None
+        aws = embedded_aws_if_needed() if rollup or admin_token else None
+        if admin_token:
+            from hardcap_core.local.admin_serve import local_config_table
+
+            # Before the app too: the gateway serves the live config of the table named here.
+            admin_table = local_config_table(embedded=aws is not None)
         config = load_config(config_path)
-        app = create_app(config)
-        timer = rollup_timer_if_possible(config, rollup_interval_s) if rollup else None
+        app = create_app(config, live=live_from_env(config_path))
+        if admin_token:
+            from hardcap_core.local.admin_serve import serve_admin
+
+            if serve_admin(app, config_path, admin_table, admin_token):
+                print(f"hardcap: admin API at http://{host}:{port}/admin/v1 (config table "
+                      f"{admin_table})", flush=True)  # fmt: skip
+        timer = rollup_timer_if_possible(config, rollup_interval_s, config_path) if rollup else None
         print(f"hardcap: serving {config_path} on http://{host}:{port}/v1", flush=True)
         # Returns after a graceful shutdown on Ctrl-C or SIGTERM: uvicorn raises the signal
         # again once it is done, and both handlers raise a KeyboardInterrupt, which it catches.
@@ -197,6 +245,12 @@ def serve_command(
             if started is not None:
                 started.stop()
     return 0
+
+
+def _admin_token(text: str) -> str:
+    if len(text) < 16:
+        raise argparse.ArgumentTypeError("an admin token of at least 16 characters")
+    return text
 
 
 def _positive_seconds(text: str) -> float:

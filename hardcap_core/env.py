@@ -15,3 +15,6 @@ REDIS_CLUSTER = "HARDCAP_REDIS_CLUSTER"
 # Name of the DynamoDB table of the durable usage ledger (unset: no durable store, no rollup).
 # boto3 reaches it at AWS_ENDPOINT_URL_DYNAMODB (or AWS_ENDPOINT_URL) when set: a local moto.
 USAGE_TABLE = "HARDCAP_USAGE_TABLE"
+# Name of the DynamoDB table of the live config: tenants, keys, budgets changed without a deploy
+# (hardcap_core/control/). Unset: the config file's tenants are the only ones.
+CONFIG_TABLE = "HARDCAP_CONFIG_TABLE"

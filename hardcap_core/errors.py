@@ -1,7 +1,8 @@
 """Every error Hardcap raises, in one tree.
 
 Lower-level errors are translated into these at one boundary each: redis-py's in
-:mod:`hardcap_core.ledger.connection`, botocore's (DynamoDB) in :mod:`hardcap_core.rollup.table`,
+:mod:`hardcap_core.ledger.connection`, botocore's (DynamoDB) in :mod:`hardcap_core.rollup.table`
+(the config table's in :mod:`hardcap_core.control.store`),
 httpx's and providers' error statuses in :mod:`hardcap_core.providers.http`, bad bodies in the
 wire format's parser. The app turns a
 :class:`GatewayError` into the error body of the endpoint's wire format (for OpenAI chat:
@@ -28,12 +29,30 @@ class ReservationReused(HardcapError):
     """An admission named a reservation id that was settled already; ids are single-use."""
 
 
+class ConfigStale(HardcapError):
+    """The caller's copy of the live config is older than the version an admin change published
+    for the hierarchy (admit.lua's 'config' reply): nothing was reserved; reload and retry."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(f"the config changed (version {version})")
+        self.version = version
+
+
 class LedgerProtocolError(HardcapError):
     """A script answered something the client does not understand (a version mismatch)."""
 
 
 class DurableStoreUnavailable(HardcapError):
     """The durable ledger (DynamoDB) could not be reached or refused the call."""
+
+
+class ConfigStoreUnavailable(HardcapError):
+    """The config table (DynamoDB) could not be read or written."""
+
+
+class ConfigConflict(HardcapError):
+    """The config table moved to another version since it was read: another change went
+    first. Reload, rebuild the change on what is there now, and write again."""
 
 
 class GatewayError(HardcapError):
@@ -69,6 +88,14 @@ class AuthenticationFailed(GatewayError):
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+
+
+class InvalidToken(AuthenticationFailed):
+    """401: a bearer JWT was refused (expired, wrong audience, unknown issuer, a signature that
+    does not verify...). The message says what was wrong in words a client developer can act
+    on, and never quotes the token."""
+
+    code = "invalid_token"
 
 
 class PermissionDenied(GatewayError):
@@ -128,6 +155,14 @@ class ServiceUnavailable(GatewayError):
     status = 503
     type = "server_error"
     code = "ledger_unavailable"
+
+
+class IssuerUnavailable(ServiceUnavailable):
+    """503, not 401: the keys of a token's issuer could not be fetched, so the token is neither
+    valid nor invalid yet. A 401 would tell the client its credential is bad (SDKs do not
+    retry it); a 503 says retry later, which the SDKs do."""
+
+    code = "issuer_unavailable"
 
 
 class UpstreamTimeout(GatewayError):

@@ -8,7 +8,9 @@ field counts at least one token.
 
 Input is estimated differently (:func:`input_text_tokens`): it is reserved before the call and
 must never be low, whatever text a tenant sends, so it is an upper bound by character class
-rather than an average.
+rather than an average. It is what every request is reserved first; a route whose model has a
+public tokenizer replaces it with the exact count where that changes a decision
+(:mod:`hardcap_core.tokenize`), and it stays for what a tokenizer cannot see.
 """
 
 from __future__ import annotations

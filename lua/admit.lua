@@ -6,7 +6,9 @@
 -- KEYS[11]   hc:{root}:q:<tenant>   zset  the tenant's admission queue: waiting id -> when it
 --                                          joined (ms) less 10^13 per priority class
 -- KEYS[12]   hc:{root}:qx:<tenant>  zset  waiting id -> when its ticket lapses unless renewed, ms
--- KEYS[13..] hc:{root}:u:<window spec>:<window id>  hash  budget field -> used, one key per window
+-- KEYS[13]   hc:{root}:cfgv         string  the newest config version an admin change
+--                                          published for this hierarchy (config_version.lua)
+-- KEYS[14..] hc:{root}:u:<window spec>:<window id>  hash  budget field -> used, one key per window
 --
 -- ARGV[1]  reservation id (unique per request)
 -- ARGV[2]  reservation TTL, ms (a live stream refreshes it with extend)
@@ -22,8 +24,10 @@
 --                 qp: its class in the queue, 0-9: it waits ahead of every lower class,
 --                 hr: output tokens kept free per live reservation on a budget, for the
 --                     extends of the streams in flight (0 or absent: none),
---                 m: {rt, md, k, rq, tn, og, pv} (lib.lua: meta), kept on the reservation
---                    record for the usage record an expiry writes, and put on a refusal's}
+--                 m: {rt, md, k, rq, tn, og, pv, us} (lib.lua: meta), kept on the reservation
+--                    record for the usage record an expiry writes, and put on a refusal's,
+--                 cv: the config version the caller's copy of the config is at (absent: not
+--                     checked); KEYS[13] newer: nothing is reserved, the reply says 'config'}
 --
 -- Units: tokens; money in integer nano-USD; times in epoch ms from the server's TIME.
 --
@@ -36,6 +40,8 @@
 --                    '<level tag>:rpm|tpm'. 'never': the input and the least output exceed that
 --                    budget's whole limit even with nothing used; no retry helps (retry 0).
 -- Reply, bad clock: {'clock', now_ms}  (a window the client named does not contain now)
+-- Reply, stale:     {'config', now_ms, version}  (the caller's config is older than what an
+--                                       admin change published: reload it, then call again)
 -- Reply, too late:  {'late', now_ms}   (now is past `na`: the caller has given up waiting, so
 --                                       nothing is reserved; a reply it reads means its clock
 --                                       guess was off and it may call again)
@@ -77,10 +83,14 @@ local spec = cjson.decode(ARGV[3])
 local now = now_ms()
 if not windows_current(spec.w, now) then return {'clock', now} end
 if not restored() then return {'hydrate', now} end
+if spec.cv then
+  local published = tonumber(redis.call('GET', KEYS[13]) or '0')
+  if published > spec.cv then return {'config', now, published} end
+end
 if redis.call('EXISTS', KEYS[10]) == 1 then return {'settled', now} end
 if redis.call('HEXISTS', KEYS[K_EXPIRED], rid) == 1 then return {'expired', now} end
 if (spec.na or 0) > 0 and now > spec.na then return {'late', now} end
-local used_keys = used_keys_from(13)
+local used_keys = used_keys_from(14)
 local K_Q, K_QX = 11, 12
 local missing = reclaim(now, spec, used_keys)
 if missing then return needs_windows(now, missing) end

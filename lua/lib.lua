@@ -29,12 +29,13 @@ local K_RESTORED = 9    -- hc:{root}:restored    string  set once the counters w
 --   lv: level tags,
 --   x: 1 to be charged (not refunded) when it expires, t: admitted at, ms}
 -- Meta (m): {rt: route, md: upstream model, k: key id, rq: request id, tn: tenant, og: org,
---   pv: upstream (provider) name}: what a usage record says about who spent and where.
+--   pv: upstream (provider) name, us: the user level's id (tenant~user), only when the request
+--   has a user}: what a usage record says about who spent and where.
 -- A usage record (K_USAGE; parsed by hardcap_core/rollup/records.py), one field 'r' (format 2,
---   see append_record): est (1: the amounts are an estimate), n (requests it counts), in, out,
---   rs (reasoning), ci (cached input), usd (nUSD), t0 (admitted at, ms), then kind (s settle,
---   x expiry charge, r refusal), rid, tn, org, k, rt, md, pv, rq, oc (outcome); amounts are
---   what the record adds to spend.
+--   or 3 with a user; see append_record): est (1: the amounts are an estimate), n (requests it
+--   counts), in, out, rs (reasoning), ci (cached input), usd (nUSD), t0 (admitted at, ms), then
+--   kind (s settle, x expiry charge, r refusal), rid, tn, org, k, rt, md, pv, rq, oc (outcome)
+--   and, in format 3 only, us; amounts are what the record adds to spend.
 -- An expiry record (K_EXPIRED): {c: [[field, dim, used key]...] charged, i, o, pi, po: the counts
 --   and prices charged, r: the tpm levels (as the reservation's, their holds counted as ended
 --   at expiry), m: meta, e: 1 (an estimate: the provider's count never
@@ -107,12 +108,19 @@ end
 -- integers est, n, in, out, rs, ci, usd, t0, each followed by a comma, then a JSON array of the
 -- strings kind, rid, tn, org, k, rt, md, pv, rq, oc. (Format 1 had a field per value: 20
 -- fields took the XADD from 4.8 to 8.7 µs of server time, measured on this 2-core VM.)
+-- Format 3 is format 2 with the user (m.us) as an 11th string, written only when there is one:
+-- a deploy without users writes format 2 exactly, which a rollup of the release before reads.
 local function append_record(kind, rid, m, c)
   m = m or {}
-  local r = string.format('2,%d,%d,%d,%d,%d,%d,%d,%d,', c.est or 0, c.n or 1, c.i or 0,
-    c.o or 0, c.rs or 0, c.ci or 0, c.usd or 0, c.t0 or 0) ..
-    cjson.encode({kind, rid, m.tn or '', m.og or '', m.k or '', m.rt or '', m.md or '',
-                  m.pv or '', m.rq or '', c.oc})
+  local strings = {kind, rid, m.tn or '', m.og or '', m.k or '', m.rt or '', m.md or '',
+                   m.pv or '', m.rq or '', c.oc}
+  local version = 2
+  if m.us and m.us ~= '' then
+    version = 3
+    strings[11] = m.us
+  end
+  local r = string.format('%d,%d,%d,%d,%d,%d,%d,%d,%d,', version, c.est or 0, c.n or 1,
+    c.i or 0, c.o or 0, c.rs or 0, c.ci or 0, c.usd or 0, c.t0 or 0) .. cjson.encode(strings)
   redis.call('XADD', KEYS[K_USAGE], 'MAXLEN', '~', USAGE_MAXLEN, '*', 'r', r)
 end
 

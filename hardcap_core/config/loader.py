@@ -52,6 +52,12 @@ def parse_config(
     return validate(data, source, environ=environ)
 
 
+def read_data(path: str | Path) -> Any:
+    """The config file's YAML, parsed but not validated (what a live config joins the config
+    table's tenants into: :mod:`hardcap_core.control.live`)."""
+    return _parse_yaml(_read(path), path)
+
+
 def write_validated(path: str | Path, out: str | Path | None = None) -> Path:
     """Validate the config at ``path`` and write the validated file for :func:`load_config`
     (default: beside it); raises :class:`ConfigError` as loading does. The build runs this."""

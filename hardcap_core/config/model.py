@@ -9,10 +9,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
 from hardcap_core.auth import KeyIndex
-from hardcap_core.budgets import NO_TERMS, Level, LevelKind, Prices, Scope, Terms
+from hardcap_core.budgets import (
+    NO_TERMS,
+    Budget,
+    Dimension,
+    Level,
+    LevelKind,
+    Prices,
+    RateLimit,
+    Scope,
+    Terms,
+    Window,
+)
 from hardcap_core.config.secrets import KeySource, resolve_api_key
 from hardcap_core.config.settings import (
     BreakerSettings,
@@ -75,11 +86,41 @@ class Route:
     queue_wait_seconds: float | None = None  # None: the gateway's
     unseen_output: UnseenOutput = "none"  # what it bills unseen (gateway/unseen.py)
     max_pdf_pages: int | None = None  # PDF pages a request may carry; None: the gateway's cap
+    # How its input is counted (hardcap_core/tokenize/): o200k_base, cl100k_base, anthropic or
+    # bound; whether that count replaces the bound on every request ("always") or only where
+    # the bound does not fit ("when_needed"); anthropic: ask its count_tokens endpoint.
+    tokenizer: str = "bound"
+    exact_count: str = "when_needed"
+    count_api: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class UserTemplate:
+    """What every user of a tenant gets (the tenant's ``users:``): a user level's budgets and
+    rate limits, the same for each user, created on first use."""
+
+    budgets: tuple[tuple[Dimension, int, Window], ...] = ()
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+
+    def scope(self, base: Scope, user: Level) -> Scope:
+        """``base`` with ``user`` joined just below its tenant (key -> user -> tenant -> org)."""
+        at = next((i for i, lv in enumerate(base.levels) if lv.kind is LevelKind.TENANT), 0)
+        levels = (*base.levels[:at], user, *base.levels[at:])
+        budgets = (*base.budgets, *(Budget(user, d, limit, w) for d, limit, w in self.budgets))
+        rates = base.rate_limits
+        if self.requests_per_minute is not None or self.tokens_per_minute is not None:
+            rates = (*rates, RateLimit(user, self.requests_per_minute, self.tokens_per_minute))
+        return Scope(levels, budgets, rates)
+
+
+EndUsers = Literal["off", "optional", "required"]
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who a key belongs to and everything its requests are checked against."""
+    """Who a key (or a verified token) belongs to and everything its requests are checked
+    against."""
 
     key_id: str
     tenant_id: str
@@ -89,6 +130,10 @@ class Principal:
     scope: Scope
     queue_wait_seconds: float | None = None  # the tenant's; None: the route's
     queue_priority: int = 0  # the key's class in the admission queue: higher goes first
+    users: UserTemplate | None = None  # the tenant's per-user budgets, if it has them
+    end_users: EndUsers = "off"  # per-user budgets for the end user a request names
+    disabled: bool = False  # its tenant (or org) is disabled: refused with 403
+    user: str = ""  # the user level's id (tenant~user) of a scope joined for one user
 
     def allows(self, route: str) -> bool:
         return self.allowed_routes is None or route in self.allowed_routes
@@ -110,6 +155,10 @@ class Config:
     source: str
     keys: KeyIndex[Principal] = field(repr=False)
     tenant_scopes: dict[str, Scope] = field(repr=False)
+    # Tenants that accept verified tokens: (issuer name, groups, the tenant's principal), in
+    # the file's order; and the issuers themselves (hardcap_core.identity.IssuerSettings).
+    jwt_tenants: tuple[tuple[str, frozenset[str], Principal], ...] = field(default=(), repr=False)
+    issuers: tuple[Any, ...] = field(default=(), repr=False)
 
     def authenticate(self, presented_key: str) -> Principal | None:
         """The principal of a presented API key, or None for an empty or unknown key."""
@@ -153,6 +202,12 @@ class Config:
             if not any(r.prices.long_context for r in self.chain(route))
         }
 
+    def user_template(self, tenant_id: str) -> UserTemplate | None:
+        """``tenant_id``'s ``users:`` template (every principal of the tenant, its keys and its
+        verified tokens, carries the same one); None when it has none."""
+        principals = [*self.keys.principals(), *(p for _, _, p in self.jwt_tenants)]
+        return next((p.users for p in principals if p.tenant_id == tenant_id and p.users), None)
+
     def roots(self) -> list[Level]:
         """The root of every tenant hierarchy (an org, or a tenant without one), in order."""
         return list(dict.fromkeys(s.root for s in self.tenant_scopes.values()))
@@ -168,7 +223,7 @@ class Config:
         scopes += [s for s in self.tenant_scopes.values() if s.root == root]
         if not scopes:
             raise KeyError(f"no tenant hierarchy under {root}")
-        order = {LevelKind.KEY: 0, LevelKind.TENANT: 1, LevelKind.ORG: 2}
+        order = {LevelKind.KEY: 0, LevelKind.USER: 1, LevelKind.TENANT: 2, LevelKind.ORG: 3}
         levels = sorted(
             {lv for s in scopes for lv in s.levels}, key=lambda lv: (order[lv.kind], lv.id)
         )

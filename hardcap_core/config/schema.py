@@ -222,6 +222,33 @@ def default_unseen_output(model: str) -> UnseenOutput:
     return next((kind for pattern, kind in UNSEEN_OUTPUT_BY_MODEL if pattern.search(name)), "none")
 
 
+# How a route counts a request's input (hardcap_core/tokenize/): an exact BPE encoding shipped
+# with the package, "anthropic" (Claude's tokenizer is not public: a bound calibrated on
+# cl100k_base, optionally Anthropic's count API), or "bound" (the upper bound by character
+# class, hardcap_core/tokens.py).
+Tokenizer = Literal["o200k_base", "cl100k_base", "anthropic", "bound"]
+# A route's default `tokenizer`, by its upstream model (`model`, else its name): the first pattern
+# found in the lowercased name; none found, "bound" (docs/config.md has the table). OpenAI's
+# model pages name the encodings (tiktoken's model.py maps the same prefixes).
+TOKENIZER_BY_MODEL: tuple[tuple[re.Pattern[str], Tokenizer], ...] = (
+    # gpt-4o, gpt-4o-mini, chatgpt-4o-latest, gpt-4.1, gpt-4.5, gpt-5*, o1, o3-mini, o4-mini,
+    # codex-mini; before gpt-4, which they start with.
+    (
+        re.compile(r"gpt-4o|gpt-4\.[15]|gpt-5|(?:^|[/.:])(?:o[1-9](?:-|$)|codex-mini)"),
+        "o200k_base",
+    ),
+    (re.compile(r"(?:^|[/.:])(?:gpt-4|gpt-3\.5)"), "cl100k_base"),
+    # claude-sonnet-4-5, anthropic.claude-3-haiku-20240307-v1:0 (Bedrock), anthropic/claude-x.
+    (re.compile(r"claude"), "anthropic"),
+)
+
+
+def default_tokenizer(model: str) -> Tokenizer:
+    """How ``model``'s input is counted, by its family (:data:`TOKENIZER_BY_MODEL`)."""
+    name = model.lower()
+    return next((kind for pattern, kind in TOKENIZER_BY_MODEL if pattern.search(name)), "bound")
+
+
 class RouteConfig(_Model):
     name: RouteName
     upstream: Id
@@ -243,13 +270,27 @@ class RouteConfig(_Model):
     # Output its provider bills without streaming it: none, summarized_thinking (the full
     # thinking of a streamed summary) or silent_reasoning (default: by the model's family).
     unseen_output: UnseenOutput | None = None
+    # How its input is counted (default: by the model's family, TOKENIZER_BY_MODEL). The cheap
+    # upper bound is reserved first; the tokenizer's count replaces it where the bound does not
+    # fit (exact_count: when_needed), or on every request (always).
+    tokenizer: Tokenizer | None = None
+    exact_count: Literal["when_needed", "always"] = "when_needed"
+    # tokenizer anthropic on an anthropic upstream: ask its count_tokens endpoint (a short
+    # timeout; the calibrated bound when it does not answer in time).
+    count_api: bool = False
 
     def unseen(self) -> UnseenOutput:
         """``unseen_output``, or the default of the model's family."""
         return self.unseen_output or default_unseen_output(self.model or self.name)
 
+    def counted_by(self) -> Tokenizer:
+        """``tokenizer``, or the default of the model's family."""
+        return self.tokenizer or default_tokenizer(self.model or self.name)
+
     @model_validator(mode="after")
     def _reservation(self) -> RouteConfig:
+        if self.count_api and self.counted_by() != "anthropic":
+            raise ValueError(f"count_api needs tokenizer anthropic, not {self.counted_by()!r}")
         if self.min_output_reservation > self.max_output_tokens:
             raise ValueError(
                 f"min_output_reservation ({self.min_output_reservation}) is more than "
@@ -318,7 +359,23 @@ class KeyConfig(LevelConfig):
 
 
 class OrgConfig(LevelConfig):
-    pass
+    disabled: bool = False  # every tenant under it is refused (403) until enabled again
+
+
+class UsersConfig(_Model):
+    """What every user of a tenant gets, created on first use: the user level's budgets and
+    rate limits (a user from a verified token's claim, or an end user the request names)."""
+
+    budgets: list[BudgetConfig] = []
+    rate_limits: RateLimitConfig | None = None
+
+
+class TenantJwtConfig(_Model):
+    """Which verified tokens belong to this tenant: those of ``issuer`` (a name in the file's
+    ``issuers:``) whose group claim holds one of ``groups``."""
+
+    issuer: Id
+    groups: Annotated[list[NonEmpty], Field(min_length=1)]
 
 
 class TenantConfig(LevelConfig):
@@ -328,6 +385,39 @@ class TenantConfig(LevelConfig):
     queue_wait_seconds: NonNegFloat | None = None
     routes: list[RouteName] | None = None
     keys: list[KeyConfig] = []
+    disabled: bool = False  # its keys and tokens are refused (403) until enabled again
+    # The user level's template: every user (from a token, or an end user) gets these budgets.
+    users: UsersConfig | None = None
+    # Budgets per end user of the tenant's own app, named by the request's `user` (OpenAI) or
+    # `metadata.user_id` (Anthropic): off, optional (a request without one has no user level)
+    # or required (a request without one is a 400 naming the field). Needs `users`.
+    end_users: Literal["off", "optional", "required"] = "off"
+    jwt: TenantJwtConfig | None = None  # accept OIDC tokens mapped to this tenant
+
+    @model_validator(mode="after")
+    def _users(self) -> TenantConfig:
+        if self.end_users != "off" and self.users is None:
+            raise ValueError(f"end_users {self.end_users!r} needs `users:` (their budgets)")
+        return self
+
+
+class IssuerConfig(_Model):
+    """An OIDC issuer whose JWT bearer tokens the gateway accepts (docs/config.md)."""
+
+    name: Id
+    issuer: NonEmpty  # the `iss` a token must carry, exactly
+    jwks_url: NonEmpty
+    audiences: Annotated[list[NonEmpty], Field(min_length=1)]
+    algorithms: list[Literal["RS256", "RS384", "RS512", "ES256", "ES384", "PS256", "EdDSA"]] = [
+        "RS256",
+        "ES256",
+        "PS256",
+        "EdDSA",
+    ]
+    user_claim: NonEmpty = "sub"
+    group_claim: NonEmpty = "groups"
+    leeway_seconds: NonNegFloat = 30.0
+    jwks_max_age_seconds: PosFloat = 600.0
 
 
 class ConfigFile(_Model):
@@ -336,5 +426,6 @@ class ConfigFile(_Model):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     upstreams: list[UpstreamConfig] = []
     routes: list[RouteConfig] = []
+    issuers: list[IssuerConfig] = []
     orgs: list[OrgConfig] = []
     tenants: list[TenantConfig] = []

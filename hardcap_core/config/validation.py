@@ -31,8 +31,14 @@ from hardcap_core.budgets import (
     Scope,
     Window,
 )
-from hardcap_core.config.model import Config, Policy, Principal, Route, Upstream
-from hardcap_core.config.schema import ConfigFile, LevelConfig, PriceConfig
+from hardcap_core.config.model import Config, Policy, Principal, Route, Upstream, UserTemplate
+from hardcap_core.config.schema import (
+    ConfigFile,
+    IssuerConfig,
+    LevelConfig,
+    PriceConfig,
+    UsersConfig,
+)
 from hardcap_core.config.settings import GatewaySettings, env_overrides
 from hardcap_core.errors import ConfigError
 
@@ -75,23 +81,63 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
             Policy(r.policy), prices,
             r.max_output_tokens, r.min_output_reservation, tuple(r.fallbacks),
             r.queue_wait_seconds, unseen_output=r.unseen(), max_pdf_pages=r.max_pdf_pages,
+            tokenizer=r.counted_by(), exact_count=r.exact_count, count_api=r.count_api,
         )  # fmt: skip
     orgs = {o.id: o for o in file.orgs}
     by_hash: dict[str, Principal] = {}
     tenant_scopes: dict[str, Scope] = {}
+    jwt_tenants: list[tuple[str, frozenset[str], Principal]] = []
     for t in file.tenants:
         chain: list[tuple[Level, LevelConfig]] = [(Level(LevelKind.TENANT, t.id), t)]
         if t.org is not None:
             chain.append((Level(LevelKind.ORG, t.org), orgs[t.org]))
         tenant_scopes[t.id] = _scope(chain)
         allowed = None if t.routes is None else frozenset(t.routes)
+        disabled = t.disabled or (t.org is not None and orgs[t.org].disabled)
+        users = _users(t.users)
         for k in t.keys:
             scope = _scope([(Level(LevelKind.KEY, k.id), k), *chain])
             by_hash[k.hash] = Principal(
                 k.id, t.id, t.org, t.fail_mode, allowed, scope, t.queue_wait_seconds,
-                k.queue_priority,
+                k.queue_priority, users, t.end_users, disabled,
             )  # fmt: skip
-    return Config(gateway, upstreams, routes, source, KeyIndex(by_hash), tenant_scopes)
+        if t.jwt is not None:
+            principal = Principal(
+                f"jwt.{t.jwt.issuer}", t.id, t.org, t.fail_mode, allowed, tenant_scopes[t.id],
+                t.queue_wait_seconds, 0, users, t.end_users, disabled,
+            )  # fmt: skip
+            jwt_tenants.append((t.jwt.issuer, frozenset(t.jwt.groups), principal))
+    return Config(
+        gateway, upstreams, routes, source, KeyIndex(by_hash), tenant_scopes,
+        tuple(jwt_tenants), tuple(_issuer(n, i) for n, i in enumerate(file.issuers)),
+    )  # fmt: skip
+
+
+def _users(users: UsersConfig | None) -> UserTemplate | None:
+    if users is None:
+        return None
+    probe = Level(LevelKind.TENANT, "t")  # Budget.build's units, without a level of its own
+    budgets = tuple(
+        (built.dimension, built.limit, built.window)
+        for built in (b.build(probe) for b in users.budgets)
+    )
+    r = users.rate_limits
+    if r is None:
+        return UserTemplate(budgets)
+    return UserTemplate(budgets, r.requests_per_minute, r.tokens_per_minute)
+
+
+def _issuer(n: int, i: IssuerConfig) -> Any:
+    from hardcap_core.identity import IssuerSettings  # PyJWT itself only with a token
+
+    try:
+        return IssuerSettings(
+            name=i.name, issuer=i.issuer, jwks_url=i.jwks_url, audiences=tuple(i.audiences),
+            algorithms=tuple(i.algorithms), user_claim=i.user_claim, group_claim=i.group_claim,
+            leeway_seconds=i.leeway_seconds, jwks_max_age_seconds=i.jwks_max_age_seconds,
+        )  # fmt: skip
+    except ValueError as e:  # http to a host that is not loopback, an HMAC algorithm
+        raise ConfigError(f"invalid config: issuers[{n}]: {e}") from None
 
 
 def _scope(chain: Sequence[tuple[Level, LevelConfig]]) -> Scope:
@@ -144,14 +190,24 @@ def _cross_check(file: ConfigFile) -> Iterable[str]:
                 yield f"routes[{i}].fallbacks[{j}]: a route cannot fall back to itself"
         if len(set(r.fallbacks)) != len(r.fallbacks):
             yield f"routes[{i}].fallbacks: names a route twice"
+        kind = next((u.kind for u in file.upstreams if u.name == r.upstream), "anthropic")
+        if r.count_api and kind != "anthropic":
+            yield f"routes[{i}].count_api: needs an anthropic upstream (count_tokens), not {kind}"
+    yield from _unique("issuers", "name", [i.name for i in file.issuers])
+    issuers = [i.name for i in file.issuers]
     for i, t in enumerate(file.tenants):
         if t.org is not None:
             yield from _known(f"tenants[{i}].org", t.org, orgs, "org")
+        if t.jwt is not None:
+            yield from _known(f"tenants[{i}].jwt.issuer", t.jwt.issuer, issuers, "issuer")
         for j, name in enumerate(t.routes or []):
             yield from _known(f"tenants[{i}].routes[{j}]", name, routes, "route")
-    owners: list[tuple[str, LevelConfig]] = [(f"orgs[{i}]", o) for i, o in enumerate(file.orgs)]
+    owners: list[tuple[str, LevelConfig | UsersConfig]] = [
+        (f"orgs[{i}]", o) for i, o in enumerate(file.orgs)
+    ]
     owners += [(f"tenants[{i}]", t) for i, t in enumerate(file.tenants)]
     owners += keys
+    owners += [(f"tenants[{i}].users", t.users) for i, t in enumerate(file.tenants) if t.users]
     cost_at = None
     for loc, rules in owners:
         seen: dict[tuple[Dimension, str], int] = {}

@@ -29,6 +29,7 @@ from starlette.routing import Route
 
 from hardcap_core import env
 from hardcap_core.config import Config, Principal, load_config
+from hardcap_core.control.live import LiveConfig, live_from_env
 from hardcap_core.errors import (
     ConfigError,
     GatewayError,
@@ -73,8 +74,10 @@ class Runtime:
         config: Config,
         ledger_client: Any = None,
         http_client: Transport | None = None,
+        live: LiveConfig | None = None,
     ) -> None:
         self.config = config
+        self.live = live  # tenants and keys from the config table, if one is configured
         self._ledger_client = ledger_client
         self._owns_ledger_client = ledger_client is None  # injected ones are the caller's
         self._http_client = http_client
@@ -132,11 +135,27 @@ class Runtime:
                 raise ServiceUnavailable("The budget server is unreachable.") from e
         self._ledger_client = client
         self._http_client = self._http_client or make_transport()
-        ledger, fallback = _ledger(client, self.config)
+        live = self.live
+        if live is not None and live.config is None:
+            try:
+                await live.reload()
+            except HardcapError as e:
+                raise ServiceUnavailable("The configuration table is unreachable.") from e
+        config = self.config if live is None or live.config is None else live.config
+        ledger, fallback = _ledger(client, config)
+        if live is not None and fallback is not None:
+            # A lost cache is restored for the hierarchies the live config has now.
+            counters: Any = ledger.counters
+            live.on_change(lambda new: setattr(counters, "config", new))
         providers = providers_for(self.config, self._http_client)
-        return Gateway(self.config, ledger, providers, fallback, loop_lag=self.loop_lag)
+        return Gateway(
+            self.config, ledger, providers, fallback, loop_lag=self.loop_lag, live=live,
+            transport=self._http_client,
+        )  # fmt: skip
 
     async def aclose(self) -> None:
+        if self._gateway is not None:
+            await self._gateway.callers.aclose()  # its key-set fetches, before their client
         if self._http_client is not None:
             await self._http_client.aclose()
         if self._ledger_client is not None:
@@ -156,10 +175,15 @@ def _ledger(client: Any, config: Config) -> tuple[Ledger, SettleFallback | None]
 
 
 def create_app(
-    config: Config, *, ledger_client: Any = None, http_client: Transport | None = None
+    config: Config,
+    *,
+    ledger_client: Any = None,
+    http_client: Transport | None = None,
+    live: LiveConfig | None = None,
 ) -> Starlette:
-    """The gateway app for ``config``; pass clients to share or inject them (tests, benchmarks)."""
-    runtime = Runtime(config, ledger_client, http_client)
+    """The gateway app for ``config``; pass clients to share or inject them (tests, benchmarks);
+    ``live``: tenants, keys and budgets from the config table (``HARDCAP_CONFIG_TABLE``)."""
+    runtime = Runtime(config, ledger_client, http_client, live)
 
     def endpoint(handler: Handler, wire: WireFormat) -> Callable[[Request], Awaitable[Response]]:
         """An authenticated endpoint speaking ``wire``: errors become its error bodies here."""
@@ -173,7 +197,7 @@ def create_app(
             shed = False
             try:
                 gateway = await runtime.gateway()
-                principal = gateway.authenticate(request)
+                principal = await gateway.authenticate(request)
                 if handler is chat:
                     runtime.shedder.check()  # before admission: a shed request costs nothing
                 response = await handler(gateway, request, principal, wire)
@@ -213,13 +237,14 @@ def create_app(
     async def count_tokens(
         gw: Gateway, request: Request, who: Principal, wire: WireFormat
     ) -> Response:
-        """Anthropic's count_tokens: the gateway's own estimate, the input admission would
-        reserve (see :mod:`hardcap_core.wire.anthropic_count`). Authenticated and held to the
-        key's routes like a message; it calls no upstream, so it is not charged."""
+        """Anthropic's count_tokens: the route's count, the input admission would reserve
+        (see :mod:`hardcap_core.wire.anthropic_count`). Authenticated and held to the key's
+        routes like a message; not charged (only a route with ``count_api`` asks upstream)."""
         counted = parse_messages_request(await gw.read_body(request), counting=True)
-        gw.route_for(counted.model, who)  # raises for a model that is unknown or not allowed
+        route = gw.route_for(counted.model, who)  # raises for a model unknown or not allowed
         headers = await gw.headers_for(who, wire)
-        return JSONResponse(count_tokens_reply(counted), headers=headers)
+        tokens = await gw.counts.reported(route, counted)  # the route's tokenizer's, if it has one
+        return JSONResponse(count_tokens_reply(counted, tokens), headers=headers)
 
     async def usage(gw: Gateway, request: Request, who: Principal, wire: WireFormat) -> Response:
         return await gw.usage(who, wire)
@@ -343,4 +368,4 @@ def app_from_env() -> Starlette:
     path = os.environ.get(env.CONFIG_PATH)
     if not path:
         raise ConfigError(f"set {env.CONFIG_PATH} to the path of the config file")
-    return create_app(load_config(path))
+    return create_app(load_config(path), live=live_from_env(path))

@@ -372,8 +372,9 @@ class Meter:
             context={"route": self.route, "request_id": m.request_id, "tenant": m.tenant,
                      "key_id": m.key_id, "outcome": outcome.value,
                      "input_tokens": self.charged_input, "output_tokens": self.charged_output,
-                     "expiry_charged": self.expiry_charged,
-                     "queue_wait_ms": round(self.queue_wait_s * 1000)},
+                     "expiry_charged": self.expiry_charged, "cost_nusd": self.charged_cost,
+                     "queue_wait_ms": round(self.queue_wait_s * 1000),
+                     **({"user": m.user} if m.user else {})},
         )  # fmt: skip
 
     async def _settle_reserved(self, note: SettleNote) -> None:

@@ -3,7 +3,7 @@
 Two dimension sets, both low-cardinality (an outcome has a handful of values, an upstream is a
 name from the config): [Outcome] gets Requests and QueueWait (how long the request waited in
 its tenant's admission queue, 0 when it did not); [Upstream] gets Requests and AddedLatency.
-Tenants, keys and models never appear here: per-tenant spend comes from the rollup
+Tenants, keys, users and models are never dimensions here: per-tenant spend comes from the rollup
 (:mod:`hardcap_core.rollup.metrics`), which aggregates first and so costs a fraction of this.
 
 The line is formatted by hand rather than through Powertools Metrics: it runs on every request,
@@ -16,7 +16,11 @@ test parses it as the dashboard reads it. ``POWERTOOLS_METRICS_DISABLED`` (and
 
 The same line is the request's log line: its ``context`` (route, request id, key, tokens, ...)
 rides in it as properties, which CloudWatch Logs Insights reads like any JSON log field and
-the metrics ignore. One line per request, not a log line and a metrics line: each is a write
+the metrics ignore. A request's user (``user``: its level's id, ``<tenant>~<user>``) and cost
+(``cost_nusd``) are such properties, never dimensions: a User dimension would be a custom
+metric per user ($0.30 a month each); the dashboard's "top users by cost" widget is a Logs
+Insights query over these lines (billed per GB it scans) instead.
+One line per request, not a log line and a metrics line: each is a write
 to the Lambda log pipe, and Powertools' Logger spends ~50 µs formatting one. With metrics off,
 the context is logged through the logger as before.
 """

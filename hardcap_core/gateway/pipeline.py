@@ -20,11 +20,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from hardcap_core import json_codec
-from hardcap_core.auth import bearer_token
 from hardcap_core.chat import ANTHROPIC_MESSAGES, ChatRequest
 from hardcap_core.config import Config, Policy, Principal, Route
+from hardcap_core.control.live import LiveConfig
 from hardcap_core.errors import (
-    AuthenticationFailed,
+    ConfigStale,
     InvalidRequest,
     LedgerUnavailable,
     NotFound,
@@ -34,6 +34,7 @@ from hardcap_core.errors import (
     UpstreamMalformed,
 )
 from hardcap_core.gateway.answers import output_room, refusal, upstream_states, usage_row
+from hardcap_core.gateway.callers import Callers
 from hardcap_core.gateway.charge import request_prices
 from hardcap_core.gateway.failover import Targets
 from hardcap_core.gateway.loop_lag import LoopLag
@@ -62,7 +63,8 @@ from hardcap_core.ledger.estimators import (
 from hardcap_core.logs import logger
 from hardcap_core.outcome import Outcome
 from hardcap_core.providers.base import Provider
-from hardcap_core.wire.anthropic_count import anthropic_extra_tokens
+from hardcap_core.providers.transport import Transport
+from hardcap_core.tokenize.routes import InputCounts
 from hardcap_core.wire.base import Charged, WireFormat
 from hardcap_core.wire.openai_input import check_pdf_pages
 
@@ -71,6 +73,9 @@ DEADLINE_MARGIN_S = 3.0  # end and settle a stream this long before Lambda's tim
 # what it was admitted for still has time to run.
 QUEUE_MARGIN_S = 10.0
 QUEUE_WAIT_HEADER = "x-hardcap-queue-wait-ms"
+# How often a request reloads the config when its admit finds it stale before giving up (503):
+# only a storm of admin changes to one tenant hierarchy needs more than one.
+STALE_RETRIES = 3
 T = TypeVar("T")
 
 
@@ -79,6 +84,7 @@ class Admission:
     meter: Meter
     headers: dict[str, str]
     output_room: int | None = None  # output tokens the budgets held for this request, at most
+    counted: int | None = None  # the input by the route's tokenizer, when it was counted
 
 
 class Gateway:
@@ -90,8 +96,12 @@ class Gateway:
         fallback: SettleFallback | None = None,
         *,
         loop_lag: LoopLag | None = None,
+        live: LiveConfig | None = None,
+        transport: Transport | None = None,
     ) -> None:
-        self.config = config
+        self.config = config  # the file's: routes, upstreams, settings (a reload keeps them)
+        self.live = live  # tenants, keys and budgets as the config table holds them, if it does
+        self.callers = Callers(config, live, transport)
         self.wakeups = Wakeups()  # settles here wake this process's queued requests
         # This process's event-loop lag monitor (the app starts it; readings are 0 when it
         # does not run): recent_max_s is how long the gateway may stall again, a margin the
@@ -103,6 +113,8 @@ class Gateway:
         # Per route, once: its chain of targets.
         self.chains = {name: config.chain(r) for name, r in config.routes.items()}
         self.fallback = fallback  # where a settle the cache does not take is kept
+        # Per route: its input bound, and its tokenizer's count where that changes a decision.
+        self.counts = InputCounts(config, providers)
         self.estimators = {name: self._estimator(r) for name, r in config.routes.items()}
         g = config.gateway
         self.meter_settings = MeterSettings(
@@ -124,18 +136,10 @@ class Gateway:
 
     # -- endpoints ------------------------------------------------------------------------------
 
-    def authenticate(self, request: Request) -> Principal:
-        # OpenAI's SDKs send `Authorization: Bearer`, Anthropic's `x-api-key`: either works.
-        key = bearer_token(request.headers.get("authorization")) or request.headers.get("x-api-key")
-        if not key:
-            raise AuthenticationFailed(
-                "Missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key'.",
-                code="missing_api_key",
-            )
-        principal = self.config.authenticate(key)
-        if principal is None:
-            raise AuthenticationFailed("Incorrect API key provided.")
-        return principal
+    async def authenticate(self, request: Request) -> Principal:
+        """The principal of the request's key or token (OpenAI's SDKs send `Authorization:
+        Bearer`, Anthropic's `x-api-key`: either works)."""
+        return await self.callers.principal(request)
 
     async def chat(
         self, request: Request, principal: Principal, wire: WireFormat, request_id: str
@@ -143,25 +147,41 @@ class Gateway:
         """A chat completion in ``wire``'s format, streamed or not."""
         arrived = time.perf_counter()
         chat = wire.parse(await self.read_body(request))
-        route = self.route_for(chat.model, principal)
-        check_pdf_pages(chat.body, route.max_pdf_pages)  # a 400 past the route's cap
-        limit = route.max_output_tokens
-        if chat.max_tokens is not None and chat.max_tokens > limit:
-            raise InvalidRequest(
-                f"'{chat.max_tokens_field}' is {chat.max_tokens}; the most this model allows "
-                f"here is {limit}.",
-                param=chat.max_tokens_field,
-            )
-        max_tokens = chat.max_tokens or limit
-        meta = ReservationMeta(
-            route.name, route.model, principal.key_id, request_id, principal.tenant_id,
-            principal.org_id or "", route.upstream.name,
-        )  # fmt: skip
         deadline = _deadline(request)  # read once: the queue and the stream stop before it
         wait_until = None if deadline is None else deadline - QUEUE_MARGIN_S
-        admission = await self._admit(
-            principal, route, chat, max_tokens, meta, wire, arrived, wait_until, request
-        )
+        for attempt in range(STALE_RETRIES + 1):
+            principal = self.callers.for_request(principal, chat)
+            route = self.route_for(chat.model, principal)
+            check_pdf_pages(chat.body, route.max_pdf_pages)  # a 400 past the route's cap
+            limit = route.max_output_tokens
+            if chat.max_tokens is not None and chat.max_tokens > limit:
+                raise InvalidRequest(
+                    f"'{chat.max_tokens_field}' is {chat.max_tokens}; the most this model "
+                    f"allows here is {limit}.",
+                    param=chat.max_tokens_field,
+                )
+            max_tokens = chat.max_tokens or limit
+            meta = ReservationMeta(
+                route.name, route.model, principal.key_id, request_id, principal.tenant_id,
+                principal.org_id or "", route.upstream.name, principal.user,
+            )  # fmt: skip
+            try:
+                admission = await self._admit(
+                    principal, route, chat, max_tokens, meta, wire, arrived, wait_until, request
+                )
+                break
+            except ConfigStale as stale:
+                # An admin changed this tenant's hierarchy since this copy was read: nothing
+                # was reserved. Read the config again and start over as the new one says (the
+                # key may be revoked now: then this is a 401).
+                if self.live is None or attempt == STALE_RETRIES:
+                    raise ServiceUnavailable("The configuration is changing; retry.") from stale
+                await self.live.reload(stale.version)
+                principal = await self.authenticate(request)
+        # A stream of Anthropic's format not from Anthropic starts with its input (message_start).
+        up_front = chat.stream and wire.dialect == ANTHROPIC_MESSAGES
+        up_front = up_front and not self._same_dialect(route, wire)
+        chat = await self.counts.told(route, chat, admission.counted, up_front=up_front)
         if self.config.gateway.log_prompts:  # opt-in only: prompts may hold personal data
             logger.info("prompt", extra={"route": route.name, "messages": chat.messages})
         if not chat.stream:
@@ -259,8 +279,10 @@ class Gateway:
     ) -> Admission:
         policy = route.policy
         estimator = self.estimators[route.name]
-        input_tokens = self._input_bound(route, chat)
-        held, prices = request_prices(self.config, route, chat.body, input_tokens)  # or a 400
+        # The cheap bound first; the route's count where it always wants it, or (admit, below)
+        # where the bound does not fit (tokenize/routes.py).
+        inputs = await self.counts.reserving(route, chat)
+        held, prices = request_prices(self.config, route, chat.body, inputs.tokens)  # or a 400
         if policy is Policy.COUNT_AFTER:
             estimate = 1  # the baseline: the budget sees nothing of the reply until it ends
         elif chat.stream:
@@ -278,6 +300,11 @@ class Gateway:
         g = self.config.gateway
 
         def admit(ticket_ms: int) -> Any:
+            return inputs.admit(lambda input_tokens: reserve(ticket_ms, input_tokens))
+
+        def reserve(ticket_ms: int, input_tokens: int) -> Any:
+            nonlocal held, prices
+            held, prices = request_prices(self.config, route, chat.body, input_tokens)
             return self.ledger.admit(
                 principal.scope,
                 input_tokens=input_tokens,
@@ -293,6 +320,7 @@ class Gateway:
                 queue_ticket_ms=ticket_ms,
                 queue_priority=principal.queue_priority,
                 headroom=g.extend_headroom_tokens,
+                config_version=None if self.live is None else self.live.version,
             )
 
         wait_s = principal.queue_wait_s(route, g.queue_wait_seconds)
@@ -342,7 +370,7 @@ class Gateway:
             principal.scope,
             reservation,
             self.meter_settings.for_policy(policy),
-            input_estimate=input_tokens,
+            input_estimate=inputs.tokens,
             estimator=estimator,
             route=route.name,
             prices=prices,
@@ -357,7 +385,7 @@ class Gateway:
             on_settled=lambda: self.wakeups.freed(principal.scope),
         )
         meter.unseen = unseen
-        return Admission(meter, headers, room)
+        return Admission(meter, headers, room, inputs.reserved_count)
 
     async def _complete(
         self,
@@ -400,17 +428,6 @@ class Gateway:
         if meter.final_budgets:
             headers = {**headers, **wire.budget_headers(meter.final_budgets, (), _now_ms())}
         return Response(json_codec.dumps(body), media_type="application/json", headers=headers)
-
-    def _input_bound(self, route: Route, chat: ChatRequest) -> int:
-        """The request's input as the dearest-counting target of its chain bills it: an
-        Anthropic model (directly or on Bedrock) bills a tool-use system prompt and images by
-        its own rule beyond what the OpenAI count of the body holds. (A request that came in
-        Anthropic's format was counted that way already.)"""
-        if chat.dialect == ANTHROPIC_MESSAGES:
-            return chat.input_tokens
-        if any(t.upstream.kind in ("anthropic", "bedrock") for t in self.chains[route.name]):
-            return chat.input_tokens + anthropic_extra_tokens(chat.body)
-        return chat.input_tokens
 
     def _targets(self, route: Route, meter: Meter) -> Targets:
         return Targets(self.chains[route.name], self.providers, self.breakers, meter)

@@ -22,7 +22,7 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from hardcap_core.budgets import Prices, Scope
@@ -115,6 +115,7 @@ class Ledger:
         queue_ticket_ms: int = 0,
         queue_priority: int = 0,
         headroom: int = 0,
+        config_version: int | None = None,
     ) -> AdmitResult:
         """Check rate limits and every budget of ``scope``; reserve the estimate if it fits.
 
@@ -133,6 +134,9 @@ class Ledger:
         ``budget_busy`` instead. ``queue_priority``: its class in the queue (a higher one
         goes ahead of every lower one). ``headroom``: output tokens each hold in flight on a budget
         keeps free for its extends; a request waits rather than take them.
+        ``config_version``: the version of the caller's live config; if an admin change
+        published a newer one for this hierarchy, nothing is reserved and
+        :class:`ConfigStale` is raised (reload the config, authenticate again, call again).
         If the server cannot be reached: :class:`Unguarded` when ``fail_open``, else raise
         :class:`LedgerUnavailable`.
         """
@@ -150,12 +154,14 @@ class Ledger:
             f',"lv":{plan.levels_json},"q":{int(queue_ticket_ms)},"qp":{int(queue_priority)}'
             f',"hr":{int(headroom)}'
         )
+        if config_version is not None:
+            extra += f',"cv":{int(config_version)}'
         settled = plan.settled_prefix + rid
 
         def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
             used_keys, spec = self._spec_json(plan, now_ms, more)
             na = now_ms + self.call_timeout_ms - LATE_MARGIN_MS
-            keys = [*plan.ledger_keys, settled, *plan.queue_keys, *used_keys]
+            keys = [*plan.ledger_keys, settled, *plan.queue_keys, plan.config_key, *used_keys]
             return keys, [rid, self.ttl_ms, f'{spec}{extra},"na":{na}}}']
 
         try:
@@ -236,6 +242,14 @@ class Ledger:
             return keys, [reservation.id, *args_after, spec + extra]
 
         return parse_settle(await self._run(self.scripts.settle, build, scope=scope), scope)
+
+    async def publish_config_version(self, roots: Sequence[str], version: int) -> None:
+        """Tell every gateway instance whose config is older than ``version`` that it is, in
+        its next admit of a hierarchy under ``roots`` (root tags: ``o:acme``, ``t:beta``)
+        (``lua/config_version.lua``; a version only moves forward)."""
+        for root in dict.fromkeys(roots):  # each hierarchy in its own slot: a call each
+            key = self.keys.config_version(root)
+            await guarded(self.scripts.config_version(keys=[key], args=[int(version)]))
 
     async def usage(self, scope: Scope) -> Usage:
         """Used, reserved and reset of every budget in ``scope`` (expired holds reclaimed first),

@@ -55,6 +55,11 @@ class Keyspace:
         who = who or scope.levels[0].tag
         return [f"{b}:q:{who}", f"{b}:qx:{who}"]
 
+    def config_version(self, root_tag: str) -> str:
+        """The newest config version published for the hierarchy whose root's tag is
+        ``root_tag`` (``o:acme``, ``t:beta``): lua/config_version.lua, read by admit."""
+        return f"{self.prefix}:{{{root_tag}}}:cfgv"
+
     def settled(self, scope: Scope, rid: str) -> str:
         return f"{self._base(scope)}:s:{rid}"
 

@@ -36,6 +36,7 @@ class ScopePlan:
         "_used_keys",
         "_windows",
         "_windows_json",
+        "config_key",
         "ledger_keys",
         "levels",
         "levels_json",
@@ -55,6 +56,7 @@ class ScopePlan:
         self.ledger_keys = keys.ledger(scope)
         self.settled_prefix = keys.settled(scope, "")
         self.queue_keys = keys.queue(scope)
+        self.config_key = keys.config_version(scope.root.tag)
         self._windows = scope.windows()
         index = {w.spec: i + 1 for i, w in enumerate(self._windows)}
         self.rows_json = dumps(

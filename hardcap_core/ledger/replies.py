@@ -22,7 +22,7 @@ from hardcap_core.budgets import (
     RateLimit,
     Scope,
 )
-from hardcap_core.errors import LedgerProtocolError, ReservationReused
+from hardcap_core.errors import ConfigStale, LedgerProtocolError, ReservationReused
 
 
 class Refusal(StrEnum):
@@ -62,10 +62,13 @@ class ReservationMeta:
     tenant: str = ""  # the tenant id; Ledger.admit fills it from the scope when empty
     org: str = ""  # the org id, if any; Ledger.admit fills it from the scope when empty
     provider: str = ""  # the upstream (its config name) the request was sent to
+    user: str = ""  # the user level's id (tenant~user), if the request has one
 
     def record(self) -> dict[str, str]:
-        """The fields as the scripts store them (lib.lua: meta; short names: it is JSON)."""
-        return {
+        """The fields as the scripts store them (lib.lua: meta; short names: it is JSON). ``us``
+        only when there is a user: a record without one stays format 2, which a rollup of the
+        version before reads."""
+        fields = {
             "rt": self.route,
             "md": self.model,
             "k": self.key_id,
@@ -74,6 +77,9 @@ class ReservationMeta:
             "og": self.org,
             "pv": self.provider,
         }
+        if self.user:
+            fields["us"] = self.user
+        return fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +342,8 @@ def parse_admit(reply: Sequence[Any], scope: Scope, reservation: Reservation) ->
         raise ReservationReused(f"reservation id {reservation.id!r} was settled already")
     if r.status == "expired":
         raise ReservationReused(f"reservation id {reservation.id!r} expired and was charged")
+    if r.status == "config":
+        raise ConfigStale(r.int())
     if r.status == "ok":
         reserved = r.int()
         budgets = r.budget_states()

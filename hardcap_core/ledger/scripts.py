@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from hardcap_core.ledger.pipe import PipedScript, Pipes
 
 LEDGER_SCRIPTS = ("admit", "extend", "settle", "usage", "hydrate", "leave")
-STANDALONE_SCRIPTS = ("estimator_record", "estimator_vote", "unlock", "breaker")
+STANDALONE_SCRIPTS = ("estimator_record", "estimator_vote", "unlock", "breaker", "config_version")
 
 
 def lua_dir() -> Path:
@@ -63,6 +63,7 @@ class Scripts:
     estimator_vote: Script
     unlock: Script
     breaker: Script
+    config_version: Script
 
     @classmethod
     def register(cls, client: Any) -> Scripts:

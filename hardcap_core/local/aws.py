@@ -30,6 +30,7 @@ ENDPOINT_VAR = "AWS_ENDPOINT_URL_DYNAMODB"
 REGION_VAR = "AWS_DEFAULT_REGION"
 DEFAULT_REGION = "us-east-1"
 DEFAULT_TABLE = "hardcap-usage"
+DEFAULT_CONFIG_TABLE = "hardcap-config"  # the live config (tenants, keys, budgets)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # moto signs nothing and checks nothing, but botocore refuses to send a call without some
 # credentials; these are only set when the environment has none.
@@ -38,9 +39,11 @@ DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "loc
 
 @dataclass
 class LocalAws:
-    """moto's server on 127.0.0.1 with the usage table created; ``url`` is its endpoint."""
+    """moto's server on 127.0.0.1 with the usage and config tables created; ``url`` is its
+    endpoint."""
 
     table: str = DEFAULT_TABLE
+    config_table: str = DEFAULT_CONFIG_TABLE
     port: int = 0  # 0: a free port, chosen by the OS when the server binds
     _server: Any = field(default=None, repr=False)
     _saved_env: dict[str, str | None] = field(default_factory=dict, repr=False)
@@ -64,9 +67,11 @@ class LocalAws:
         self.port = int(server.get_host_and_port()[1])
         try:
             self._set_env()
+            from hardcap_core.control.store import ConfigStore
             from hardcap_core.rollup.table import create_table
 
             create_table(self.client(), self.table)
+            ConfigStore(self.config_table, self.client()).create_table()
         except BaseException:
             self.stop()
             raise
@@ -87,7 +92,11 @@ class LocalAws:
         return os.environ.get(REGION_VAR) or os.environ.get("AWS_REGION") or DEFAULT_REGION
 
     def _set_env(self) -> None:
-        wanted = {ENDPOINT_VAR: self.url, env.USAGE_TABLE: self.table}
+        wanted = {
+            ENDPOINT_VAR: self.url,
+            env.USAGE_TABLE: self.table,
+            env.CONFIG_TABLE: self.config_table,
+        }
         if not (os.environ.get(REGION_VAR) or os.environ.get("AWS_REGION")):
             wanted[REGION_VAR] = DEFAULT_REGION
         if not _has_credentials():
@@ -115,11 +124,12 @@ class LocalAws:
         # server started again in this process (a test, a second demo) would find the table.
         from botocore.exceptions import ClientError
 
-        try:
-            self.client().delete_table(TableName=self.table)
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] != "ResourceNotFoundException":
-                raise
+        for table in (self.table, self.config_table):
+            try:
+                self.client().delete_table(TableName=table)
+            except ClientError as exc:
+                if exc.response["Error"]["Code"] != "ResourceNotFoundException":
+                    raise
 
     def __enter__(self) -> LocalAws:
         return self.start()

@@ -348,6 +348,12 @@ def anthropic_routes(
             return error(exc.status, str(exc))
         except ValueError as exc:
             return error(400, str(exc))
+        # An injected fault holds for counting too (a gateway's count_api must fall back).
+        fault = faults.active()
+        if fault is not None and fault.mode == "hang":
+            return await hang(request)
+        if fault is not None and fault.mode == "status":
+            return error(fault.status, f"injected error ({fault.status})")
         return JSONResponse({"input_tokens": anthropic_prompt_tokens(body)})
 
     return [

@@ -20,6 +20,7 @@ from hardcap_core.logs import logger
 
 if TYPE_CHECKING:
     from hardcap_core.config.model import Config
+    from hardcap_core.control.live import LiveConfig
     from hardcap_core.rollup.run import RollupReport
     from hardcap_core.rollup.table import UsageTable
 
@@ -30,11 +31,17 @@ class RollupTimer:
     """``run_rollup`` every ``interval_s`` seconds until :meth:`stop`, then once more."""
 
     def __init__(
-        self, config: Config, table: UsageTable, *, interval_s: float = DEFAULT_INTERVAL_S
+        self,
+        config: Config,
+        table: UsageTable,
+        *,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        live: LiveConfig | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"rollup interval must be positive, got {interval_s}")
         self.config = config
+        self.live = live  # read again each run: tenants made by the admin API are rolled up
         self.table = table
         self.interval_s = interval_s
         self.runs = 0  # completed runs, failed or not
@@ -114,7 +121,8 @@ class RollupTimer:
         assert self._lock is not None  # set before the loop serves anything
         async with self._lock:
             try:
-                report = await run_rollup(self.config, await self._cache(), self.table)
+                config = self.config if self.live is None else await self.live.reload()
+                report = await run_rollup(config, await self._cache(), self.table)
             finally:
                 self.runs += 1
         logger.info(

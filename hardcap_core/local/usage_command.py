@@ -1,5 +1,6 @@
-"""``hardcap usage``: spend per tenant, key and model over a window, read from the usage table
-in DynamoDB (what the rollup wrote), as a table or ``--json``.
+"""``hardcap usage``: spend per tenant, key (and user) and model over a window, or per tenant
+and user (``--by user``), read from the usage table in DynamoDB (what the rollup wrote), as a
+table or ``--json``.
 
 The table is ``--table`` or ``HARDCAP_USAGE_TABLE``; where it lives comes from the usual AWS
 environment, so the same command reads the table of a deployed stack (with the profile and
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from hardcap_core.rollup.table import UsageRow
 
 DEFAULT_SINCE = "24h"
+# As hardcap_core.rollup.report.BY, which the command imports only when it runs.
+BY_CHOICES = ("key", "user")
 
 
 def add_usage_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +45,13 @@ def add_usage_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--until", default="now", metavar="WHEN", help="window end, as --since (default now)"
+    )
+    parser.add_argument(
+        "--by",
+        choices=BY_CHOICES,
+        default="key",
+        help="a line per tenant, key, user and model (key, the default; the user column shows "
+        "when a request had one) or per tenant and user, dearest first (user)",
     )
     parser.add_argument("--table", help="the DynamoDB table (default: $HARDCAP_USAGE_TABLE)")
     parser.add_argument("--json", action="store_true", help="a JSON list of rows instead")
@@ -68,9 +78,9 @@ def usage_command(ns: argparse.Namespace) -> int:
     if rows is None:
         return 1
     if ns.json:
-        print(json.dumps(report.to_json(rows), indent=2))
+        print(json.dumps(report.to_json(rows, ns.by), indent=2))
     else:
-        print(report.format_table(rows, start_ms, end_ms))
+        print(report.format_table(rows, start_ms, end_ms, ns.by))
     return 0
 
 

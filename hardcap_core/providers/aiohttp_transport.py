@@ -144,7 +144,7 @@ class AiohttpTransport:
         timeout = aiohttp.ClientTimeout(total=request.timeout_s, connect=self.connect_timeout_s)
         status = 0
         try:
-            async with self._post(request, timeout) as response:
+            async with self._request(request, timeout) as response:
                 status, headers = _head(response)
                 body = await _read_capped(response, self.max_reply_bytes)
         except (TransportError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
@@ -159,7 +159,7 @@ class AiohttpTransport:
     async def stream(self, request: UpstreamRequest) -> AsyncIterator[StreamReply]:
         timeout = aiohttp.ClientTimeout(sock_read=request.timeout_s, connect=self.connect_timeout_s)
         try:
-            opened = self._post(request, timeout)
+            opened = self._request(request, timeout)
             response = await opened.__aenter__()
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
             raise _translate(e) from e
@@ -172,12 +172,13 @@ class AiohttpTransport:
                 response.close()
             await opened.__aexit__(None, None, None)
 
-    def _post(self, request: UpstreamRequest, timeout: aiohttp.ClientTimeout) -> Any:
+    def _request(self, request: UpstreamRequest, timeout: aiohttp.ClientTimeout) -> Any:
         headers = {**DEFAULT_HEADERS, **{k.lower(): v for k, v in request.headers.items()}}
         proxy, proxy_auth = self._proxies.for_url(request.url)
-        return self._client().post(
+        return self._client().request(
+            request.method,
             request.url,
-            data=request.body,
+            data=request.body or None,  # a GET sends no body (a POST sends Content-Length: 0)
             headers=headers,
             timeout=timeout,
             allow_redirects=False,

@@ -27,14 +27,16 @@ MAX_HEADERS = 128
 
 @dataclass(frozen=True, slots=True)
 class UpstreamRequest:
-    """A POST to an upstream. ``timeout_s``: the deadline of a whole reply
-    (:meth:`Transport.send`), or of each wait for a stream's next bytes
-    (:meth:`Transport.stream`); opening the connection has its own, shorter, timeout."""
+    """A request to an upstream: a POST (a provider's call) or a GET (an identity provider's key
+    set). ``timeout_s``: the deadline of a whole reply (:meth:`Transport.send`), or of each wait
+    for a stream's next bytes (:meth:`Transport.stream`); opening the connection has its own,
+    shorter, timeout."""
 
     url: str
     headers: Mapping[str, str]
     body: bytes
     timeout_s: float
+    method: str = "POST"
 
 
 @dataclass(frozen=True, slots=True)

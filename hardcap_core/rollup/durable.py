@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hardcap_core.budgets import Level, Prices
+from hardcap_core.budgets import USER_ID_PATTERN, Level, LevelKind, Prices, Scope
 from hardcap_core.config import Config
 from hardcap_core.errors import DurableStoreUnavailable, LedgerUnavailable
 from hardcap_core.ledger import Ledger, Reservation, ReservationMeta
@@ -29,9 +29,12 @@ def settle_payload(
     note: SettleNote,
     cost_nusd: int | None = None,
 ) -> dict[str, Any]:
-    """What a pending item holds: enough to run the same settle later."""
+    """What a pending item holds: enough to run the same settle later. The user (its level's
+    id) goes beside ``meta``, not in it, and only when there is one: a rollup of the release
+    before builds its ReservationMeta from ``meta`` and would fail on a field it does not
+    know; it ignores ``user`` (that settle's user counter and user column are then missed)."""
     m = reservation.meta
-    return {
+    payload: dict[str, Any] = {
         "in": input_tokens,
         "out": output_tokens,
         "cost": cost_nusd,
@@ -55,6 +58,9 @@ def settle_payload(
             "provider": note.provider,
         },
     }
+    if m.user:
+        payload["user"] = m.user
+    return payload
 
 
 class DurableSettles:
@@ -88,7 +94,8 @@ async def replay_pending(ledger: Ledger, table: UsageTable, config: Config, root
     charged now (the cache is still away) stays for the next run."""
     done = 0
     for rid, payload in await asyncio.to_thread(table.pending, root.tag):
-        meta = ReservationMeta(**payload["meta"])
+        user = str(payload.get("user", ""))
+        meta = ReservationMeta(**payload["meta"], user=user)
         principal = config.principal_by_id(meta.key_id)
         if principal is not None and principal.scope.root == root:
             scope = principal.scope
@@ -97,6 +104,7 @@ async def replay_pending(ledger: Ledger, table: UsageTable, config: Config, root
         else:
             logger.error("pending settle of an unknown tenant kept", extra={"reservation_id": rid})
             continue
+        scope = _with_user(config, scope, meta.tenant, user)
         prices = Prices(int(payload["pi"]), int(payload["po"]))
         reservation = Reservation(rid, scope, prices, 0, 0, meta)
         try:
@@ -109,3 +117,13 @@ async def replay_pending(ledger: Ledger, table: UsageTable, config: Config, root
         await asyncio.to_thread(table.delete_pending, root.tag, rid)
         done += 1
     return done
+
+
+def _with_user(config: Config, scope: Scope, tenant: str, user: str) -> Scope:
+    """``scope`` with the settle's user level and its tenant's template budgets, so the replay
+    charges the user's counters as the settle would have (as is, without a template now)."""
+
+    template = config.user_template(tenant) if user else None
+    if template is None or not user.startswith(f"{tenant}~") or not USER_ID_PATTERN.match(user):
+        return scope
+    return template.scope(scope, Level(LevelKind.USER, user))

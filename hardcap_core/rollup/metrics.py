@@ -3,6 +3,10 @@
 The rollup aggregates before it writes, so a minute of any traffic costs one EMF object per
 tenant, tenant x model, route and tenant x refusal reason, each metric carrying one value: the
 custom-metric bill grows with tenants and models, never with requests (docs/deploy.md).
+Users are not a dimension by default: one metric per user per dimension set at $0.30 a month
+would grow the bill with a tenant's end users. Spend per user is read from the gateway's
+per-request log lines with Logs Insights instead (docs/deploy.md); ``per_user`` adds the
+(Tenant, User) set for a deploy that wants it in CloudWatch metrics and pays for it.
 
 Every object is timestamped with the start of the minute its records were written in, so a
 rollup that runs late (or catches up after a failure) still puts spend in the minute it
@@ -55,6 +59,8 @@ TENANT_MODEL = (("Tenant", "Model"), (("Tokens", COUNT), ("CostUSD", USD), ("Req
 ROUTE = (("Route",), (
     ("Tokens", COUNT), ("CostUSD", USD), ("Requests", COUNT), ("Truncations", COUNT),
 ))  # fmt: skip
+# Only with per_user: three metrics per user that spent in a month, $0.90 a month each.
+TENANT_USER = (("Tenant", "User"), (("Tokens", COUNT), ("CostUSD", USD), ("Requests", COUNT)))
 # Both sets in one object: the same count, once per reason overall and once per tenant.
 REJECTIONS = (("Tenant", "Reason"), ("Reason",))
 RUN = (("RollupLagSeconds", "Seconds"), ("RecordsApplied", COUNT))
@@ -79,6 +85,7 @@ class _Minute:
     tenants: dict[str, Totals] = field(default_factory=lambda: defaultdict(Totals))
     models: dict[tuple[str, str], Totals] = field(default_factory=lambda: defaultdict(Totals))
     routes: dict[str, Totals] = field(default_factory=lambda: defaultdict(Totals))
+    users: dict[tuple[str, str], Totals] = field(default_factory=lambda: defaultdict(Totals))
     rejections: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
 
 
@@ -92,11 +99,14 @@ class _Blob:
 class RollupMetrics:
     """Collects one rollup run's metrics and writes them as EMF with :meth:`flush`.
 
-    Not thread-safe; one per run (or reused across runs: flush empties it)."""
+    Not thread-safe; one per run (or reused across runs: flush empties it). ``per_user``: also
+    spend per (Tenant, User) for records with a user (a custom metric per user: off unless the
+    config asks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, per_user: bool = False) -> None:
         self._minutes: dict[int, _Minute] = defaultdict(_Minute)
         self._now: list[_Blob] = []
+        self.per_user = per_user
 
     def add_records(self, records: Iterable[UsageRecord]) -> None:
         """Add applied usage records to their minute buckets: tokens and cost summed, requests
@@ -110,6 +120,8 @@ class RollupMetrics:
             minute.tenants[tenant].add(r)
             minute.models[(tenant, r.model or NO_VALUE)].add(r)
             minute.routes[r.route or NO_VALUE].add(r)
+            if self.per_user and r.user:
+                minute.users[(tenant, r.user)].add(r)
 
     def add_budget_used(self, tenant: str, percent: float) -> None:
         """The tenant's most used budget, in percent of its limit (the alarms' metric)."""
@@ -148,6 +160,8 @@ class RollupMetrics:
                 yield _spend_blob(start, TENANT_MODEL, (tenant, model), spend)
             for route, spend in m.routes.items():
                 yield _spend_blob(start, ROUTE, (route,), spend)
+            for (tenant, user), spend in m.users.items():
+                yield _spend_blob(start, TENANT_USER, (tenant, user), spend)
             for (tenant, reason), count in m.rejections.items():
                 values = {"Tenant": tenant, "Reason": reason}
                 sets = tuple(tuple((d, values[d]) for d in names) for names in REJECTIONS)

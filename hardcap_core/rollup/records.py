@@ -18,8 +18,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-FORMAT_VERSION = "2"  # what lua/lib.lua writes
+FORMAT_VERSION = "2"  # what lua/lib.lua writes for a request without a user
+FORMAT_VERSION_USER = "3"  # ... and with one: format 2 plus the user as an 11th string
 FORMAT_VERSION_1 = "1"  # still read: a stream may hold them from before an upgrade
+# Strings after the integers, per packed format: the user is last and only in format 3, so a
+# deploy without users writes exactly what a rollup of the release before reads.
+_STRINGS = {FORMAT_VERSION: 10, FORMAT_VERSION_USER: 11}
 
 
 class RecordKind(StrEnum):
@@ -54,6 +58,7 @@ class UsageRecord:
     cached_input_tokens: int
     cost_nusd: int
     admitted_ms: int  # server time of the admission (of the refusal, for a refusal)
+    user: str = ""  # the user level's id (tenant~user); "" for a request without a user
 
     @property
     def at_ms(self) -> int:
@@ -69,9 +74,10 @@ def parse_entry(entry_id: str | bytes, fields: Mapping[Any, Any]) -> UsageRecord
     """A stream entry (as redis-py returns it) as a :class:`UsageRecord`.
 
     Reads format 2 (one field ``r``: ``2,est,n,in,out,rs,ci,usd,t0,`` then a JSON array of
-    kind, rid, tn, org, k, rt, md, pv, rq, oc) and format 1 (a field per value, ``v`` = 1), which
-    a stream may still hold from before an upgrade. Raises ValueError for an entry that is not a
-    usage record of a known format."""
+    kind, rid, tn, org, k, rt, md, pv, rq, oc), format 3 (``3,...``: the same array with the
+    user last) and format 1 (a field per value, ``v`` = 1), which a stream may still hold from
+    before an upgrade. Raises ValueError for an entry that is not a usage record of a known
+    format."""
     f = {_text(k): _text(v) for k, v in fields.items()}
     packed = f.get("r")
     if packed is not None:
@@ -106,17 +112,21 @@ def parse_entry(entry_id: str | bytes, fields: Mapping[Any, Any]) -> UsageRecord
 
 def _parse_packed(entry_id: str, packed: str) -> UsageRecord:
     parts = packed.split(",", 9)
-    if len(parts) != 10 or parts[0] != FORMAT_VERSION:
+    count = _STRINGS.get(parts[0])
+    if len(parts) != 10 or count is None:
         raise ValueError(f"usage record {entry_id} has format {parts[0]!r}")
     try:
         est, n, inp, out, rs, ci, usd, t0 = (_int(x) for x in parts[1:9])
         strings = json.loads(parts[9])
-        kind, rid, tn, org, k, rt, md, pv, rq, oc = (str(x) for x in strings)
+        if not isinstance(strings, list) or len(strings) != count:
+            raise ValueError(f"{count} strings expected in format {parts[0]}")
+        kind, rid, tn, org, k, rt, md, pv, rq, oc, *user = (str(x) for x in strings)
         return UsageRecord(
             entry_id=entry_id, kind=RecordKind(kind), reservation_id=rid, tenant=tn, org=org,
             key_id=k, route=rt, model=md, provider=pv, request_id=rq, outcome=oc,
             estimate=est == 1, requests=n, input_tokens=inp, output_tokens=out,
             reasoning_tokens=rs, cached_input_tokens=ci, cost_nusd=usd, admitted_ms=t0,
+            user="".join(user),
         )  # fmt: skip
     except (ValueError, TypeError) as e:
         raise ValueError(f"usage record {entry_id} is malformed: {e}") from e

@@ -13,18 +13,23 @@ restore read plus what runs that began later apply — and those apply only reco
 counters do not hold yet (the stream after the cursor the restore read, or records written
 after the restore). The totals and that cursor are read until the cursor is the same before and
 after: no write landed in between.
+
+User levels (``<tenant>~<user>``) are made on first use, so the config does not list them: the
+users restored are those the durable ledger's rows and the unrolled records name within their
+tenant's ``users:`` template's windows, each given the template's budgets. A user with nothing
+spent in a window of the template has nothing to restore for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from hardcap_core.budgets import Budget, Dimension, LevelKind, Scope
+from hardcap_core.budgets import USER_ID_PATTERN, Budget, Dimension, Level, LevelKind, Scope
 from hardcap_core.config import Config
+from hardcap_core.config.model import UserTemplate
 from hardcap_core.errors import LedgerUnavailable
 from hardcap_core.ledger import Ledger
 from hardcap_core.ledger.restore import Restore
@@ -55,22 +60,26 @@ class DurableCounters:
     async def used(self, scope: Scope, now_ms: int) -> Restore:
         whole = self.config.hierarchy(scope.root)
         tenants = sorted({lv.id for lv in whole.levels if lv.kind is LevelKind.TENANT})
-        by_window: dict[str, list[Budget]] = defaultdict(list)
-        for b in whole.budgets:
-            by_window[b.window.spec].append(b)
+        templates = {t: u for t in tenants if (u := self.config.user_template(t)) is not None}
+        windows = {w.spec: w for w in whole.windows()}
+        for template in templates.values():
+            windows.update((w.spec, w) for _, _, w in template.budgets)
         await asyncio.to_thread(self.table.fence, whole.root.tag)
         for _ in range(SNAPSHOT_ATTEMPTS):
             generation, before = await self._cursor(whole)
-            used: dict[str, int] = {}
             unrolled = await self._unrolled(whole, generation, before)
-            for budgets in by_window.values():
-                bounds = budgets[0].window.bounds(now_ms)
-                rows = await asyncio.to_thread(self.table.usage, tenants, bounds.start_ms, now_ms)
-                recent = [r for r in unrolled if r.at_ms >= bounds.start_ms]
-                for b in budgets:
-                    used[b.field] = _sum(b, rows) + _sum_records(b, recent)
+            spent: dict[str, tuple[list[UsageRow], list[UsageRecord]]] = {}
+            for spec, window in windows.items():
+                start = window.bounds(now_ms).start_ms
+                rows = await asyncio.to_thread(self.table.usage, tenants, start, now_ms)
+                spent[spec] = rows, [r for r in unrolled if r.at_ms >= start]
+            full = _with_users(whole, templates, spent)
+            used = {
+                b.field: _sum(b, spent[b.window.spec][0]) + _sum_records(b, spent[b.window.spec][1])
+                for b in full.budgets
+            }
             if await self._cursor(whole) == (generation, before):
-                return Restore(whole, used, f"dynamodb:{self.table.name}")
+                return Restore(full, used, f"dynamodb:{self.table.name}")
         raise LedgerUnavailable("the rollup kept moving while the counters were read back")
 
     async def restored(self, scope: Scope) -> None:
@@ -120,10 +129,45 @@ def durable_ledger(client: Any, config: Config, table: UsageTable, **kwargs: Any
     return ledger
 
 
-def _matches(b: Budget, tenant: str, org: str, key_id: str) -> bool:
+def _with_users(
+    whole: Scope,
+    templates: dict[str, UserTemplate],
+    spent: dict[str, tuple[list[UsageRow], list[UsageRecord]]],
+) -> Scope:
+    """``whole`` and, for every user with spend in a window of its tenant's template, a user
+    level with the template's budgets."""
+    users: set[tuple[str, str]] = set()
+    for tenant, template in templates.items():
+        for _, _, window in template.budgets:
+            rows, records = spent[window.spec]
+            named = [(r.tenant, r.user) for r in rows]
+            named += [(r.tenant, r.user) for r in records if not r.refused]
+            # The gateway names a user by its level id, which begins with the tenant's, so one
+            # that does not (or does not match the pattern) never had a counter to restore.
+            users.update(
+                (tenant, u)
+                for t, u in named
+                if t == tenant and u.startswith(f"{tenant}~") and USER_ID_PATTERN.match(u)
+            )
+    if not users:
+        return whole
+    added = [(Level(LevelKind.USER, u), templates[t]) for t, u in sorted(users)]
+    budgets = [Budget(lv, d, limit, w) for lv, t in added for d, limit, w in t.budgets]
+    # Levels in the hierarchy's order: keys, users, tenants, root.
+    at = next(i for i, lv in enumerate(whole.levels) if lv.kind is not LevelKind.KEY)
+    return Scope(
+        (*whole.levels[:at], *(lv for lv, _ in added), *whole.levels[at:]),
+        (*whole.budgets, *budgets),
+        whole.rate_limits,
+    )
+
+
+def _matches(b: Budget, tenant: str, org: str, key_id: str, user: str) -> bool:
     level = b.level
     if level.kind is LevelKind.KEY:
         return key_id == level.id
+    if level.kind is LevelKind.USER:
+        return user == level.id
     if level.kind is LevelKind.TENANT:
         return tenant == level.id
     return org == level.id
@@ -142,7 +186,7 @@ def _sum(b: Budget, rows: Iterable[UsageRow]) -> int:
     return sum(
         _amount(b, r.input_tokens, r.output_tokens, r.cost_nusd)
         for r in rows
-        if _matches(b, r.tenant, r.org, r.key_id)
+        if _matches(b, r.tenant, r.org, r.key_id, r.user)
     )
 
 
@@ -150,5 +194,5 @@ def _sum_records(b: Budget, records: Iterable[UsageRecord]) -> int:
     return sum(
         _amount(b, r.input_tokens, r.output_tokens, r.cost_nusd)
         for r in records
-        if not r.refused and _matches(b, r.tenant, r.org, r.key_id)
+        if not r.refused and _matches(b, r.tenant, r.org, r.key_id, r.user)
     )

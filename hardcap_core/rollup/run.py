@@ -242,6 +242,7 @@ async def _roll(
     head = await stream.entries_after(cursor, 1)
     oldest = entry_key(head[0][0])[0] if head else None
     pending = await stream.claim(owner, batch)
+    last_used: dict[tuple[str, str], int] = {}  # (tenant, key id) -> latest record applied
     while True:
         entries = sorted(
             pending + await stream.read_new(owner, batch), key=lambda e: entry_key(e[0])
@@ -257,7 +258,9 @@ async def _roll(
         ]:
             report.stalled.append(f"{root.tag}: entries after the cursor held by another run")
             break
-        write, cursor, n = await _apply(table, root, generation, epoch, cursor, todo, metrics)
+        write, cursor, n = await _apply(
+            table, root, generation, epoch, cursor, todo, metrics, last_used
+        )
         report.applied += n
         if write is Write.FENCED:
             report.stalled.append(f"{root.tag}: a restore began after this run; the next goes on")
@@ -272,7 +275,19 @@ async def _roll(
     if cursor is not None:
         await stream.trim(cursor)
     await stream.forget_consumers(owner, LEASE_MS)
+    await _touch_last_used(table, last_used)
     return oldest
+
+
+async def _touch_last_used(table: UsageTable, last_used: dict[tuple[str, str], int]) -> None:
+    """One write per key per pass (not per record): when each key was last used."""
+    for (tenant, key_id), at_ms in sorted(last_used.items()):
+        try:
+            await asyncio.to_thread(table.touch_last_used, tenant, key_id, at_ms)
+        except DurableStoreUnavailable as e:
+            # The usage itself is written; only `keys list`'s last use is late (the next pass
+            # that applies a record of the key writes it).
+            logger.warning("last use not written", extra={"key_id": key_id, "error": str(e)})
 
 
 async def _apply(
@@ -283,9 +298,11 @@ async def _apply(
     cursor: str | None,
     entries: Sequence[Entry],
     metrics: RollupMetrics | None,
+    last_used: dict[tuple[str, str], int] | None = None,
 ) -> tuple[Write, str | None, int]:
     """Write ``entries`` (the ones right after ``cursor``), chunk by chunk, while the epoch is
-    ``epoch``: how the last write went, the new cursor and how many were written."""
+    ``epoch``: how the last write went, the new cursor and how many were written. The latest
+    record of each key written goes into ``last_used``."""
     records = [parse_entry(i, f) for i, f in entries]
     n = 0
     for chunk in chunks(records):
@@ -299,6 +316,11 @@ async def _apply(
         if metrics is not None:
             metrics.add_records(chunk.records)
             metrics.flush()
+        if last_used is not None:
+            for r in chunk.records:
+                if r.key_id:
+                    who = (r.tenant, r.key_id)
+                    last_used[who] = max(last_used.get(who, 0), r.at_ms)
         cursor, n = last, n + len(chunk.records)
     return Write.APPLIED, cursor, n
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from hardcap_core import env
 from hardcap_core.config import Config, load_config
+from hardcap_core.control.live import LiveConfig, live_from_env
 from hardcap_core.errors import ConfigError
 from hardcap_core.ledger import Ledger
 from hardcap_core.ledger.connection import connect
@@ -42,9 +43,10 @@ class RollupService:
     """One rollup invocation per :meth:`run`, with the config, cache client and table built
     once."""
 
-    def __init__(self, config: Config, table: UsageTable) -> None:
+    def __init__(self, config: Config, table: UsageTable, live: LiveConfig | None = None) -> None:
         self.config = config
         self.table = table
+        self.live = live  # read again each invocation: tenants made since are rolled up
         self._cache: Any = None
 
     async def run(self, until: float | None = None) -> RollupReport:
@@ -54,6 +56,8 @@ class RollupService:
         from hardcap_core.rollup.metrics import RollupMetrics
         from hardcap_core.rollup.run import rollup_loop, run_rollup
 
+        if self.live is not None:
+            self.config = await self.live.reload()
         g = self.config.gateway
         if self._cache is None:
             # The cache client belongs to the event loop it was made on: the handler keeps one.
@@ -80,4 +84,4 @@ def rollup_from_env() -> RollupService:
         raise ConfigError(f"set {env.USAGE_TABLE} to the name of the usage table")
     if not config.gateway.redis_url:
         raise ConfigError(f"gateway.redis_url is not set (or set {env.REDIS_URL})")
-    return RollupService(config, table)
+    return RollupService(config, table, live_from_env(path))

@@ -2,10 +2,13 @@
 
 One table, two string keys. Items:
 
-* ``pk = usage#<tenant>``, ``sk = <g>#<bucket>#<key>#<route>#<model>#<provider>``: what one key
-  spent on one route and model in one minute (g ``m``), hour (``h``) or day (``d``) — counters
-  written only by the rollup, each write in a transaction with the cursor below, so a record is
-  counted exactly once however runs crash or overlap.
+* ``pk = usage#<tenant>``, ``sk = <g>#<bucket>#<key>#<route>#<model>#<provider>``, and
+  ``#<user>`` after it for a user's requests (``<tenant>~<user>``; items without a user keep
+  the six parts, and rows are read from the items' attributes, so items of every release
+  read alike): what one key (and user) spent on one route and model in one minute (g ``m``),
+  hour (``h``) or day (``d``) — counters written only by the rollup, each write in a
+  transaction with the cursor below, so a record is counted exactly once however runs crash
+  or overlap.
 * ``pk = cursor#<root tag>``, ``sk = <stream generation>``: the last stream entry applied.
 * ``pk = epoch#<root tag>``, ``sk = epoch``: how many times the hierarchy's counters were
   restored. Every restore adds one before it reads what DynamoDB holds, and every write of a
@@ -14,6 +17,8 @@ One table, two string keys. Items:
 * ``pk = pending#<root tag>``, ``sk = <reservation id>``: a settle that could not reach the cache,
   charged to the ledger by the next rollup (or restore) and then deleted.
 * ``pk = tenants``, ``sk = <tenant>``: every tenant with usage, for listing without a scan.
+* ``pk = lastused#<tenant>``, ``sk = <key id>``: ``at_ms``, when the key was last used (the
+  latest record the rollup applied for it; only ever moved forward), for ``hardcap admin keys``.
 
 This module is the one boundary where botocore's errors become :class:`DurableStoreUnavailable`.
 Calls are synchronous (boto3); async callers run them in a thread.
@@ -118,12 +123,15 @@ class Bucket:
     provider: str
     granularity: str  # m | h | d
     start_ms: int
+    user: str = ""  # the user level's id (tenant~user), "" for requests without a user
 
     @classmethod
     def of(cls, r: UsageRecord, granularity: str) -> Bucket:
         size = GRANULARITY_MS[granularity]
         start = r.at_ms // size * size
-        return cls(r.tenant, r.org, r.key_id, r.route, r.model, r.provider, granularity, start)
+        return cls(
+            r.tenant, r.org, r.key_id, r.route, r.model, r.provider, granularity, start, r.user
+        )
 
     @property
     def pk(self) -> str:
@@ -132,14 +140,13 @@ class Bucket:
     @property
     def sk(self) -> str:
         label = label_of(self.granularity, self.start_ms)
-        return "#".join(
-            (self.granularity, label, self.key_id, self.route, self.model, self.provider)
-        )
+        parts = (self.granularity, label, self.key_id, self.route, self.model, self.provider)
+        return "#".join((*parts, self.user) if self.user else parts)
 
 
 @dataclass(frozen=True, slots=True)
 class UsageRow:
-    """What one key spent on one route, model and upstream over a window."""
+    """What one key (and user, if any) spent on one route, model and upstream over a window."""
 
     tenant: str
     org: str
@@ -156,6 +163,7 @@ class UsageRow:
     truncated: int
     estimated: int
     refused: int
+    user: str = ""  # the user level's id (tenant~user); "" for requests without a user
 
 
 def label_of(granularity: str, start_ms: int) -> str:
@@ -311,6 +319,8 @@ class UsageTable:
         values: dict[str, Any] = {f":{c}": {"N": str(getattr(t, c))} for c in COUNTERS}
         sets = {"tenant": b.tenant, "org": b.org, "key_id": b.key_id, "route": b.route,
                 "model": b.model, "provider": b.provider, "granularity": b.granularity}  # fmt: skip
+        if b.user:
+            sets["user"] = b.user  # only then: an item without a user is as before
         for k, v in sets.items():
             names[f"#{k}"] = k
             values[f":{k}"] = {"S": v}
@@ -362,6 +372,25 @@ class UsageTable:
         key = {"pk": {"S": f"pending#{root}"}, "sk": {"S": reservation_id}}
         self._call("DeleteItem", TableName=self.name, Key=key)
 
+    # -- when each key was last used ----------------------------------------------------------
+
+    def touch_last_used(self, tenant: str, key_id: str, at_ms: int) -> None:
+        """Record that ``key_id`` was used at ``at_ms``, unless a later use is recorded."""
+        self._call(
+            "UpdateItem", TableName=self.name,
+            Key={"pk": {"S": f"lastused#{tenant}"}, "sk": {"S": key_id}},
+            UpdateExpression="SET at_ms = :t", ExpressionAttributeValues={":t": {"N": str(at_ms)}},
+            ConditionExpression="attribute_not_exists(at_ms) OR at_ms < :t",
+            refused_ok="ConditionalCheckFailedException",  # a later use is recorded already
+        )  # fmt: skip
+
+    def last_used(self, tenant: str) -> dict[str, float]:
+        """When each key of ``tenant`` was last used (epoch seconds), by key id."""
+        return {
+            item["sk"]["S"]: int(item["at_ms"]["N"]) / 1000
+            for item in self._query(f"lastused#{tenant}")
+        }
+
     # -- reading usage ------------------------------------------------------------------------
 
     def tenants(self) -> list[str]:
@@ -369,8 +398,8 @@ class UsageTable:
         return [item["sk"]["S"] for item in self._query("tenants")]
 
     def usage(self, tenants: Iterable[str] | None, start_ms: int, end_ms: int) -> list[UsageRow]:
-        """What each key spent per route, model and upstream in [start, end), summed from the
-        coarsest buckets that cover it (a partial minute at either end counts whole).
+        """What each key (and user) spent per route, model and upstream in [start, end), summed
+        from the coarsest buckets that cover it (a partial minute at either end counts whole).
         ``tenants=None``: every tenant with usage."""
         sums: dict[tuple[str, ...], Totals] = {}
         for tenant in self.tenants() if tenants is None else tenants:
@@ -401,20 +430,24 @@ class UsageTable:
                 return
             args["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
-    def _call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
+    def _call(self, operation: str, refused_ok: str = "", **kwargs: Any) -> dict[str, Any]:
+        """One call; ``refused_ok``: an error code that is an answer (an empty reply), not a
+        failure."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         method = getattr(self.client, _snake(operation))
         try:
             result: dict[str, Any] = method(**kwargs)
         except ClientError as e:
+            if refused_ok and e.response.get("Error", {}).get("Code") == refused_ok:
+                return {}
             raise DurableStoreUnavailable(f"DynamoDB {operation} failed: {e}") from e
         except BotoCoreError as e:
             raise DurableStoreUnavailable(f"DynamoDB unreachable ({operation}): {e}") from e
         return result
 
 
-_WHO = ("tenant", "org", "key_id", "route", "model", "provider")
+_WHO = ("tenant", "org", "key_id", "route", "model", "provider", "user")  # "" when absent
 
 
 def _epoch_key(root: str) -> dict[str, Any]:
@@ -422,11 +455,11 @@ def _epoch_key(root: str) -> dict[str, Any]:
 
 
 def _row(who: tuple[str, ...], t: Totals) -> UsageRow:
-    tenant, org, key_id, route, model, provider = who
+    tenant, org, key_id, route, model, provider, user = who
     return UsageRow(
         tenant, org, key_id, route, model, provider, t.requests, t.input_tokens,
         t.output_tokens, t.reasoning_tokens, t.cached_input_tokens, t.cost_nusd, t.truncated,
-        t.estimated, t.refused,
+        t.estimated, t.refused, user,
     )  # fmt: skip
 
 

@@ -1,5 +1,5 @@
 """What an Anthropic Messages request's input is counted: the gateway's estimate, which is what
-admission reserves and what ``POST /v1/messages/count_tokens`` answers.
+admission reserves first, and what Anthropic bills beyond OpenAI's rules.
 
 The estimate is :func:`hardcap_core.wire.openai_input.input_tokens` on the translated (OpenAI
 chat) body, plus what Anthropic bills beyond OpenAI's rules (:func:`anthropic_extra_tokens`),
@@ -7,12 +7,12 @@ so it is an upper bound whichever kind of upstream the route has. A PDF is read 
 (:mod:`hardcap_core.wire.pdf`): its pages' text bound and OpenAI's image of each page in the
 first, what Anthropic's image of a page costs more in the second.
 
-count_tokens answers with this estimate and calls no upstream. Forwarding to an Anthropic
-upstream's own count_tokens would be exact, but it would cost a round trip (and that
-upstream's rate limit) on an endpoint that is free, would not exist for an OpenAI-compatible
-or Bedrock upstream, and would not be what the gateway reserves: a client that sizes its
-request by this answer is never refused for input it was told fits. The price of an upper
-bound: English prose counts about 2.6 times its real tokens (:mod:`hardcap_core.tokens`).
+``POST /v1/messages/count_tokens`` answers what the route counts (:mod:`hardcap_core.tokenize`):
+its tokenizer's count where it has one (exact for a public encoding; the calibrated bound, or
+the upstream's own count_tokens with ``count_api: true``, for an Anthropic model), else this
+estimate. Either is what admission reserves when the bound does not fit, so a client that
+sizes its request by this answer is not refused for input it was told fits. The price of the
+bound alone: English prose counts about 2.6 times its real tokens (:mod:`hardcap_core.tokens`).
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ def _anthropic_image(url: str) -> int:
     return min(ANTHROPIC_IMAGE_BOUND, math.ceil(width * height * scale * scale / 750))
 
 
-def count_tokens_reply(request: ChatRequest) -> dict[str, int]:
-    """The body of a count_tokens answer for a parsed (``counting=True``) request."""
-    return {"input_tokens": request.input_tokens}
+def count_tokens_reply(request: ChatRequest, counted: int | None = None) -> dict[str, int]:
+    """The body of a count_tokens answer for a parsed (``counting=True``) request: ``counted``,
+    the route's count (:meth:`~hardcap_core.tokenize.routes.InputCounts.reported`), else the
+    request's estimate."""
+    return {"input_tokens": request.input_tokens if counted is None else counted}

@@ -11,12 +11,19 @@ file by its bytes, a token each.
 
 Two things cannot be bounded from the request, and are refused: a file referenced by
 ``file_id`` and earlier audio referenced by ``audio.id`` (their size is on the provider).
+
+A route with a public tokenizer gets :func:`exact_input_tokens`: the same walk, with the text
+of the fields the chat format is known to render (roles, contents and text parts, names, tool
+calls, tool definitions, tool choice, response format, prediction) counted by that tokenizer
+and OpenAI's chat format (the cookbook "How to count tokens with tiktoken": 3 tokens per
+message, 1 per name, 3 to prime the reply, a function's frame) plus a stated margin; what the
+tokenizer cannot see keeps its bound term (images, audio, files, fields Hardcap does not know).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hardcap_core.errors import InvalidRequest
@@ -39,6 +46,19 @@ ROLE_TOKENS = 2  # a role is one of a few words the parser checked: a token or t
 REPLY_PRIMING = 3  # every reply is primed with <|start|>assistant<|message|>
 # A function definition costs its text plus a frame (the cookbook's 7 + 12 for GPT-4o).
 PER_FUNCTION_OVERHEAD = 19
+# Exact counts (exact_input_tokens). The cookbook's rule gives the API's own count on its
+# examples (tests/unit/test_tokenizers.py: 124 prompt tokens for gpt-4o, 129 for gpt-4); the
+# margin is for what the examples do not show: 1 token per message for another template's
+# separators, and 1 per content part for the separator its text may be joined with.
+EXACT_MESSAGE_TOKENS = 3 + 1
+EXACT_PART_MARGIN = 1
+# Each enum value of a function's parameters: the cookbook's enum_item, 3 tokens besides its
+# text (its JSON has fewer: the definition's JSON alone could be low on long enums).
+ENUM_ITEM_TOKENS = 3
+# Message and body fields whose text the chat format renders, counted by the tokenizer: any
+# other field keeps its bound term.
+EXACT_MESSAGE_FIELDS = frozenset({"tool_calls", "function_call", "tool_call_id", "refusal"})
+EXACT_BODY_FIELDS = frozenset({"tool_choice", "function_call", "response_format", "prediction"})
 
 # Body fields that are parameters of the call, not text of the prompt. Anything else counts.
 FREE_PARAMETERS = frozenset(
@@ -76,21 +96,114 @@ FREE_PARAMETERS = frozenset(
 )
 
 
+TextCount = Callable[[str], int]
+
+
 def input_tokens(body: dict[str, Any]) -> int:
     """An upper bound on the prompt tokens ``body`` will be billed; corrected at settlement by
     the provider's count. Raise :class:`InvalidRequest` for input that cannot be bounded."""
-    total = REPLY_PRIMING
-    documents = Allowance()  # what this request's PDFs may make the gateway read, together
-    for i, message in enumerate(body.get("messages") or ()):
-        total += _message(message, f"messages[{i}]", documents)
-    for field, value in body.items():
-        if field == "messages" or field in FREE_PARAMETERS or value is None:
-            continue
-        if field in ("tools", "functions") and isinstance(value, list):
-            total += sum(PER_FUNCTION_OVERHEAD + _value(item) for item in value)
-        else:
-            total += _value(value)
-    return total
+    return _Count(None).body(body)
+
+
+def exact_input_tokens(body: dict[str, Any], text: TextCount) -> int:
+    """The prompt tokens ``body`` is billed by a provider whose tokenizer ``text`` counts
+    exactly (never below: the chat format's overhead with its margin, and every part the
+    tokenizer cannot see at its bound). Raise :class:`InvalidRequest` as :func:`input_tokens`."""
+    return _Count(text).body(body)
+
+
+class _Count:
+    """One walk over a body. ``exact``: the tokenizer for the text the chat format renders;
+    None for the bound everywhere."""
+
+    def __init__(self, exact: TextCount | None) -> None:
+        self.exact = exact
+        self.documents = Allowance()  # what this request's PDFs may make the gateway read
+
+    def body(self, body: dict[str, Any]) -> int:
+        total = REPLY_PRIMING
+        for i, message in enumerate(body.get("messages") or ()):
+            total += self._message(message, f"messages[{i}]")
+        for field, value in body.items():
+            if field == "messages" or field in FREE_PARAMETERS or value is None:
+                continue
+            if field in ("tools", "functions") and isinstance(value, list):
+                total += sum(PER_FUNCTION_OVERHEAD + self._function(item) for item in value)
+            elif field in EXACT_BODY_FIELDS:
+                total += self._known(value)
+            else:
+                total += self._unknown(value)
+        return total
+
+    def _known(self, value: Any) -> int:
+        """A value the chat format renders: by the tokenizer when there is one."""
+        if self.exact is None or value is None:
+            return _value(value)
+        return self.exact(value if isinstance(value, str) else _json(value))
+
+    def _unknown(self, value: Any) -> int:
+        """A value whose rendering is not known: its bound (which was measured against
+        cl100k_base), and never less than its tokens in this tokenizer."""
+        bound = _value(value)
+        if self.exact is None or value is None:
+            return bound
+        return max(bound, self.exact(value if isinstance(value, str) else _json(value)))
+
+    def _function(self, item: Any) -> int:
+        if self.exact is None:
+            return _value(item)
+        return self._known(item) + ENUM_ITEM_TOKENS * _enum_items(item)
+
+    def _message(self, message: dict[str, Any], where: str) -> int:
+        exact = self.exact is not None
+        total = EXACT_MESSAGE_TOKENS if exact else PER_MESSAGE_OVERHEAD
+        for field, value in message.items():
+            if value is None:
+                continue
+            if field == "role" and isinstance(value, str):
+                total += self._known(value) if exact else ROLE_TOKENS
+            elif field == "content":
+                total += self._content(value, f"{where}.content")
+            elif field == "name":
+                total += NAME_OVERHEAD + self._known(value)
+            elif field == "audio":
+                total += _assistant_audio(value, f"{where}.audio")
+            elif field in EXACT_MESSAGE_FIELDS:
+                total += self._known(value)
+            else:
+                total += self._unknown(value)  # thinking blocks, and whatever else
+        return total
+
+    def _content(self, content: Any, where: str) -> int:
+        if not isinstance(content, list):
+            return self._known(content)
+        return sum(self._part(part, f"{where}[{j}]") for j, part in enumerate(content))
+
+    def _part(self, part: Any, where: str) -> int:
+        if not isinstance(part, dict):
+            return self._unknown(part)
+        kind = part.get("type")
+        total = 0 if self.exact is None else EXACT_PART_MARGIN
+        for field, value in part.items():
+            if field == "type" or value is None:
+                continue
+            if field == "image_url" and kind in ("image_url", None):
+                total += _image(value)
+            elif field == "input_audio" and kind in ("input_audio", None):
+                total += _input_audio(value)
+            elif field == "file" and kind in ("file", None):
+                total += _file(value, f"{where}.file", self.documents)
+            elif field == kind and field in ("text", "refusal"):
+                total += self._known(value)
+            else:
+                # a part type Hardcap does not know, cache_control, ...: by its text.
+                total += self._unknown(value)
+        return total
+
+
+def _json(value: Any) -> str:
+    # Non-ASCII as itself (a token per byte at most); escaped, it would count more.
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _value(value: Any) -> int:
@@ -99,53 +212,18 @@ def _value(value: Any) -> int:
         return 0
     if isinstance(value, str):
         return input_text_tokens(value)
-    # Non-ASCII as itself (a token per byte at most); escaped, it would count more.
-    return input_text_tokens(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+    return input_text_tokens(_json(value))
 
 
-def _message(message: dict[str, Any], where: str, documents: Allowance) -> int:
-    total = PER_MESSAGE_OVERHEAD
-    for field, value in message.items():
-        if value is None:
-            continue
-        if field == "role" and isinstance(value, str):
-            total += ROLE_TOKENS
-        elif field == "content":
-            total += _content(value, f"{where}.content", documents)
-        elif field == "name":
-            total += NAME_OVERHEAD + _value(value)
-        elif field == "audio":
-            total += _assistant_audio(value, f"{where}.audio")
-        else:
-            # tool_calls, function_call, tool_call_id, refusal, and whatever else.
-            total += _value(value)
-    return total
-
-
-def _content(content: Any, where: str, documents: Allowance) -> int:
-    if not isinstance(content, list):
-        return _value(content)
-    return sum(_part(part, f"{where}[{j}]", documents) for j, part in enumerate(content))
-
-
-def _part(part: Any, where: str, documents: Allowance) -> int:
-    if not isinstance(part, dict):
-        return _value(part)
-    kind = part.get("type")
-    total = 0
-    for field, value in part.items():
-        if field == "type" or value is None:
-            continue
-        if field == "image_url" and kind in ("image_url", None):
-            total += _image(value)
-        elif field == "input_audio" and kind in ("input_audio", None):
-            total += _input_audio(value)
-        elif field == "file" and kind in ("file", None):
-            total += _file(value, f"{where}.file", documents)
-        else:
-            # text, refusal, a part type Hardcap does not know: by its text.
-            total += _value(value)
-    return total
+def _enum_items(value: Any) -> int:
+    """How many enum values a function definition's JSON Schema lists, at any depth."""
+    if isinstance(value, list):
+        return sum(_enum_items(item) for item in value)
+    if not isinstance(value, dict):
+        return 0
+    enum = value.get("enum")
+    own = len(enum) if isinstance(enum, list) else 0
+    return own + sum(_enum_items(v) for k, v in value.items() if k != "enum")
 
 
 def _image(image: Any) -> int:

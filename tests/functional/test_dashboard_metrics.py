@@ -84,12 +84,25 @@ def _schema(text: str) -> tuple[str, frozenset[str]]:
     return namespace, frozenset(dims)
 
 
+# What the dashboard's !Sub may name: the region, and the gateway's log group (a log widget).
+SUBSTITUTIONS = {"${AWS::Region}": "us-east-1", "${GatewayLogGroup}": "/aws/lambda/hc-gateway"}
+
+
+def dashboard_widgets() -> list[dict[str, Any]]:
+    """The dashboard's widgets, with the template's substitutions made."""
+    body = load_template()["Resources"]["Dashboard"]["Properties"]["DashboardBody"]["Fn::Sub"]
+    for name, value in SUBSTITUTIONS.items():
+        body = body.replace(name, value)
+    assert "${" not in body, "an unresolved substitution"
+    widgets: list[dict[str, Any]] = json.loads(body)["widgets"]
+    return widgets
+
+
 def dashboard_refs() -> Iterator[Ref]:
     """Every metric the dashboard plots, from its SEARCH expressions and metric arrays."""
-    body = load_template()["Resources"]["Dashboard"]["Properties"]["DashboardBody"]["Fn::Sub"]
-    dashboard = json.loads(body.replace("${AWS::Region}", "us-east-1"))
-    assert "${" not in body.replace("${AWS::Region}", ""), "an unresolved substitution"
-    for widget in dashboard["widgets"]:
+    for widget in dashboard_widgets():
+        if widget["type"] != "metric":  # a log widget's query: tests/functional/test_user_metrics
+            continue
         for row in widget["properties"]["metrics"]:
             if isinstance(row[0], dict):  # [{"expression": "SEARCH(...)"}]
                 match = SEARCH.match(row[0]["expression"])

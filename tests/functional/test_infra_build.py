@@ -27,6 +27,7 @@ from tests.functional.test_infra_template import (
     ROOT,
     TEMPLATE,
     dev_only_modules,
+    load_template,
     lock_pins,
     sam_cli,
     sam_env,
@@ -35,6 +36,7 @@ from tests.functional.test_infra_template import (
 pytestmark = pytest.mark.slow
 
 ARTIFACT = "GatewayFunction"
+TEMPLATE_RESOURCES = load_template()["Resources"]
 FORBIDDEN = ("tests", "bench", "docs", "events", "infra", "functions", "examples", "lua", ".git")
 
 
@@ -54,8 +56,15 @@ def find_python313() -> str | None:
     return None
 
 
-def sam_build(build_dir: Path, arch: str, config: str | None = None) -> Path:
-    """Run `sam build` into ``build_dir`` and return the function's artifact folder."""
+def sam_build(
+    build_dir: Path,
+    arch: str,
+    config: str | None = None,
+    params: dict[str, str] | None = None,
+    only: str | None = None,
+) -> Path:
+    """Run `sam build` into ``build_dir`` (every function, or ``only`` that one) and return the
+    gateway function's artifact folder."""
     env = sam_env(build_dir.parent / "sam-app")
     # make runs pip and the config check with this interpreter: the test environment's.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
@@ -64,8 +73,13 @@ def sam_build(build_dir: Path, arch: str, config: str | None = None) -> Path:
     if config is not None:
         env["HARDCAP_DEPLOY_CONFIG"] = config
     command = [sam_cli(), "build", "--template", str(TEMPLATE), "--build-dir", str(build_dir)]
+    if only is not None:
+        command.insert(2, only)
+    overrides = dict(params or {})
     if arch != "arm64":
-        command += ["--parameter-overrides", f"Architecture={arch}"]
+        overrides["Architecture"] = arch
+    if overrides:
+        command += ["--parameter-overrides", *(f"{k}={v}" for k, v in overrides.items())]
     started = time.monotonic()
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -182,23 +196,42 @@ def rollup_artifact(artifact: Path) -> Path:
     return artifact.parent / "RollupFunction"
 
 
-def test_rollup_artifact_is_the_same_recipe_with_its_handler(
-    rollup_artifact: Path, artifact: Path
+@pytest.fixture(scope="module")
+def admin_artifact(artifact: Path) -> Path:
+    """The admin function's artifact, from the same `sam build`."""
+    return artifact.parent / "AdminFunction"
+
+
+# The plain Python handlers: each artifact is the gateway's recipe with its own app.py.
+PYTHON_HANDLERS = {
+    "RollupFunction": "functions/rollup/app.py",
+    "AdminFunction": "functions/admin/app.py",
+}
+
+
+def test_every_function_of_the_template_is_built(artifact: Path) -> None:
+    built = {p.name for p in artifact.parent.iterdir() if p.is_dir()}
+    functions = {
+        n for n, r in TEMPLATE_RESOURCES.items() if r["Type"] == "AWS::Serverless::Function"
+    }
+    assert functions == {"GatewayFunction", *PYTHON_HANDLERS} and functions <= built
+
+
+@pytest.mark.parametrize("function", sorted(PYTHON_HANDLERS))
+def test_python_handler_artifacts_are_the_same_recipe_with_their_handler(
+    artifact: Path, function: str
 ) -> None:
-    top = {p.name for p in rollup_artifact.iterdir()}
+    built = artifact.parent / function
+    top = {p.name for p in built.iterdir()}
     assert {"app.py", "config.yaml", "hardcap_core"} <= top
     assert not {"run.sh", "buffered.py"} & top, "the gateway's entry points"
     assert not top & set(FORBIDDEN), f"not for the artifact: {sorted(top & set(FORBIDDEN))}"
     assert "bin" not in top and not {"boto3", "botocore"} & top
-    assert (rollup_artifact / "app.py").read_bytes() == (
-        ROOT / "functions" / "rollup" / "app.py"
-    ).read_bytes()
-    shipped = {p.name for p in (rollup_artifact / "hardcap_core").iterdir()}
+    assert (built / "app.py").read_bytes() == (ROOT / PYTHON_HANDLERS[function]).read_bytes()
+    shipped = {p.name for p in (built / "hardcap_core").iterdir()}
     assert {"local", "cli.py"} <= dev_only_modules() and not shipped & dev_only_modules()
-    assert (rollup_artifact / "config.yaml").read_bytes() == (
-        ROOT / "examples/config.yaml"
-    ).read_bytes()
-    lua = {p.name: p.read_bytes() for p in (rollup_artifact / "hardcap_core" / "lua").glob("*.lua")}
+    assert (built / "config.yaml").read_bytes() == (ROOT / "examples/config.yaml").read_bytes()
+    lua = {p.name: p.read_bytes() for p in (built / "hardcap_core" / "lua").glob("*.lua")}
     assert lua == {p.name: p.read_bytes() for p in (ROOT / "lua").glob("*.lua")}
 
     # Everything but the handler files (and their bytecode) is what the gateway ships.
@@ -207,7 +240,7 @@ def test_rollup_artifact_is_the_same_recipe_with_its_handler(
         handlers = ("run.sh", "buffered.py", "app.py", "__pycache__/buffered.", "__pycache__/app.")
         return {f for f in files if not f.startswith(handlers)}
 
-    assert tree(rollup_artifact) == tree(artifact)
+    assert tree(built) == tree(artifact)
 
 
 def test_rollup_handler_imports_from_the_artifact(rollup_artifact: Path, tmp_path: Path) -> None:
@@ -233,6 +266,48 @@ def test_rollup_handler_imports_from_the_artifact(rollup_artifact: Path, tmp_pat
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[-1]) == {"handler": True}
+
+
+def test_admin_handler_imports_from_the_artifact(admin_artifact: Path, tmp_path: Path) -> None:
+    """app.py and the shipped hardcap_core (the control package, Mangum's adapter), with this
+    machine's dependencies, in the environment the template gives it; building the service at
+    import needs no network."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "hardcap_core").symlink_to(admin_artifact / "hardcap_core")
+    shutil.copy(admin_artifact / "app.py", shim / "app.py")
+    probe = "import app, json; print(json.dumps({'handler': callable(app.handler)}))"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(shim),
+        "HARDCAP_CONFIG": str(admin_artifact / "config.yaml"),
+        "HARDCAP_CONFIG_TABLE": "hardcap-config",
+        "HARDCAP_USAGE_TABLE": "hardcap-usage",
+        "HARDCAP_REDIS_URL": "redis://127.0.0.1:1",
+        "HARDCAP_REDIS_CLUSTER": "false",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "POWERTOOLS_LOG_LEVEL": "WARNING",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=shim, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == {"handler": True}
+
+
+def test_the_api_gateway_and_nat_shape_still_builds(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The former defaults, now parameters: the gateway's artifact is the same whatever the
+    front door and the network (nothing in the build depends on them)."""
+    built = sam_build(
+        tmp_path_factory.mktemp("sam-apigw") / "build", "arm64", "examples/config.yaml",
+        params={"FrontDoor": "api-gateway", "Egress": "nat"}, only="GatewayFunction",
+    )  # fmt: skip
+    top = {p.name for p in built.iterdir()}
+    assert {"run.sh", "buffered.py", "config.yaml", "hardcap_core", ".lambda-arch"} <= top
+    assert os.access(built / "run.sh", os.X_OK)
 
 
 PYTHON313 = find_python313()

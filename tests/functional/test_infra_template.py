@@ -33,6 +33,7 @@ MAKEFILE = ROOT / "infra" / "Makefile"
 FUNCTION_CODE = {
     "GatewayFunction": [ROOT / "functions" / "gateway"],
     "RollupFunction": [ROOT / "functions" / "rollup"],
+    "AdminFunction": [ROOT / "functions" / "admin"],
 }
 
 # Variables the template sets that no Hardcap code reads, and who reads them instead.
@@ -134,6 +135,8 @@ def function_env(template: dict[str, Any], logical_id: str) -> dict[str, Any]:
 
 
 def _is_environ(node: ast.expr) -> bool:
+    if isinstance(node, ast.IfExp):  # (os.environ if environ is None else environ).get(...)
+        return _is_environ(node.body) or _is_environ(node.orelse)
     text = ast.unparse(node)
     return text in ("environ", "env", "os.environ") or text.endswith(".environ")
 
@@ -473,6 +476,47 @@ def test_sam_validate_lint(sam: tuple[str, dict[str, str]]) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def with_defaults(tag: str, **defaults: str) -> Path:
+    """A copy of the template whose parameters default to ``defaults``, next to the original
+    so its relative code paths still resolve (sam validate takes no parameter values)."""
+    text = TEMPLATE.read_text()
+    for name, value in defaults.items():
+        block = re.compile(rf"^(  {name}:\n(?:    .*\n)*?    Default: ).*$", re.MULTILINE)
+        quoted = json.dumps(value)
+        text, found = block.subn(lambda m, v=quoted: m.group(1) + v, text, count=1)
+        assert found == 1, f"no Default line for {name}"
+    copy = TEMPLATE.with_name(f".lint-{tag}.yaml")
+    copy.write_text(text)
+    assert {n: str(load_template(copy)["Parameters"][n]["Default"]) for n in defaults} == defaults
+    return copy
+
+
+# The shapes kept working as they were, and the admin principals' slots filled (and overfilled:
+# the guard resource must lint too).
+LINTED_SHAPES = {
+    "api-gateway-nat": {"FrontDoor": "api-gateway", "Egress": "nat"},
+    "function-url-ipv6-iam": {"Egress": "ipv6", "FunctionUrlAuthType": "AWS_IAM"},
+    "admins": {
+        "AdminPrincipalArns": "arn:aws:iam::123456789012:role/ops,210987654321,"
+        "arn:aws:iam::123456789012:user/alice,arn:aws:iam::123456789012:root"
+    },
+}
+
+
+@pytest.mark.parametrize("shape", sorted(LINTED_SHAPES))
+def test_sam_validate_lint_other_shapes(sam: tuple[str, dict[str, str]], shape: str) -> None:
+    exe, env = sam
+    copy = with_defaults(shape, **LINTED_SHAPES[shape])
+    try:
+        result = subprocess.run(
+            [exe, "validate", "--lint", "--template", str(copy)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+    finally:
+        copy.unlink()
+
+
 # What SAM makes of the template, by its own translator (samtranslator, installed with the SAM
 # CLI; CloudFormation runs the same transform at deploy). Parameters are given as sam deploy
 # gives them; the code's location as sam deploy rewrites it (an S3 URI).
@@ -549,6 +593,35 @@ def test_sam_makes_the_alias_every_front_door_invokes(sam: tuple[str, dict[str, 
         for out in (off, on)
     ]
     assert versions[0] == versions[1], "SAM's version id now follows parameters: revisit"
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{}, {"FrontDoor": "api-gateway", "Egress": "nat"}],
+    ids=["defaults", "api-gateway-nat"],
+)
+def test_sam_translates_both_urls_as_written(
+    sam: tuple[str, dict[str, str]], params: dict[str, str]
+) -> None:
+    """What CloudFormation's SAM transform makes of the template: the gateway's URL streams from
+    the alias, the admin's takes IAM-signed calls only, and the admin function is a plain
+    Python function with the gateway's network placement (the Globals' VpcConfig)."""
+    res = sam_translate(sam, **params)["Resources"]
+    gateway_url = res["GatewayFunctionUrl"]["Properties"]
+    assert gateway_url["InvokeMode"] == "RESPONSE_STREAM" and gateway_url["Qualifier"] == "live"
+    assert res["AdminFunctionUrl"]["Properties"] == {
+        "TargetFunctionArn": {"Ref": "AdminFunction"},
+        "AuthType": "AWS_IAM",
+        "InvokeMode": "BUFFERED",
+    }
+    admin = res["AdminFunction"]
+    assert admin["Type"] == "AWS::Lambda::Function"
+    assert admin["Properties"]["Handler"] == "app.handler"
+    assert admin["Properties"]["Runtime"] == "python3.13"
+    assert "Layers" not in admin["Properties"]
+    gateway = res["GatewayFunction"]["Properties"]
+    assert admin["Properties"]["VpcConfig"] == gateway["VpcConfig"]
+    assert not [n for n in res if n.startswith("AdminFunctionAlias")]  # $LATEST, no alias
 
 
 def test_every_parameter_is_in_the_deploy_guide() -> None:

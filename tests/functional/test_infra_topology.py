@@ -77,11 +77,21 @@ class Render:
 
     def scalar(self, expr: Any) -> Any:
         if isinstance(expr, dict) and "Ref" in expr:
-            return self.params[expr["Ref"]]
+            # A pseudo parameter (AWS::AccountId) stays as it is: known only at deploy.
+            return self.params.get(expr["Ref"], expr)
         if isinstance(expr, dict) and "Fn::Join" in expr:
             sep, items = expr["Fn::Join"]
             items = self.scalar(items)
             return sep.join(str(self.scalar(i)) for i in items)
+        if isinstance(expr, dict) and "Fn::Split" in expr:
+            sep, text = expr["Fn::Split"]
+            return str(self.scalar(text)).split(sep)
+        if isinstance(expr, dict) and "Fn::Select" in expr:
+            index, items = expr["Fn::Select"]
+            found = self.scalar(items)
+            # CloudFormation fails the stack on an index out of range, and so does this.
+            assert int(index) < len(found), f"Fn::Select {index} of {found}"
+            return self.scalar(found[int(index)])
         return expr
 
     def value(self, node: Any) -> Any:
@@ -144,12 +154,38 @@ def sam_generated() -> set[str]:
 
 
 def test_the_defaults() -> None:
-    """The default front door is API Gateway (function URLs do not stream from a VPC, per AWS);
-    the default egress is NAT (any upstream), as before."""
-    assert TEMPLATE["Parameters"]["FrontDoor"]["Default"] == "api-gateway"
-    assert TEMPLATE["Parameters"]["Egress"]["Default"] == "nat"
+    """The default front door is the function URL and the default egress no VPC: AWS says
+    function URLs do not stream "within a VPC environment", and outside one they do. API
+    Gateway and the VPC shapes stay parameters."""
+    assert TEMPLATE["Parameters"]["FrontDoor"]["Default"] == "function-url"
+    assert TEMPLATE["Parameters"]["Egress"]["Default"] == "no-vpc"
     assert set(TEMPLATE["Parameters"]["Egress"]["AllowedValues"]) == set(TOPOLOGIES)
     assert set(TEMPLATE["Parameters"]["FrontDoor"]["AllowedValues"]) == set(DOORS)
+
+
+def test_a_default_deploy_streams_from_the_function_url_outside_any_vpc() -> None:
+    """What `sam deploy` with no parameters gives: a public RESPONSE_STREAM URL on the alias, the
+    adapter streaming behind it, no function in a VPC, no EC2 resource at all (no NAT), no API,
+    the cache on its public endpoint; its URL is the first output, the admin URL beside it."""
+    r = render()
+    url = r.resources["GatewayFunctionUrl"]["Properties"]
+    assert url["InvokeMode"] == "RESPONSE_STREAM"
+    assert url["AuthType"] == {"Ref": "FunctionUrlAuthType"}
+    assert r.params["FunctionUrlAuthType"] == "NONE"  # tenant keys authenticate
+    assert {"GatewayUrlPublicInvokeUrl", "GatewayUrlPublicInvokeFunction"} <= set(r.resources)
+    env = function_env(TEMPLATE, "GatewayFunction")
+    assert env["AWS_LWA_INVOKE_MODE"] == "response_stream"
+    assert "VpcConfig" not in r.globals["Function"]
+    for name in created(r, "AWS::Serverless::Function"):
+        assert "VpcConfig" not in r.resources[name]["Properties"], name
+    assert not [n for n, res in r.resources.items() if res["Type"].startswith("AWS::EC2::")]
+    assert not [n for n, res in r.resources.items() if res["Type"].startswith("AWS::ApiGateway")]
+    assert r.resources["BudgetCache"]["Properties"]["ConnectionType"] == "public"
+    outputs = list(r.outputs)
+    assert outputs[0] == "GatewayUrl"
+    assert r.outputs["GatewayUrl"]["Value"] == {"Fn::GetAtt": ["GatewayFunctionUrl", "FunctionUrl"]}
+    assert r.outputs["AdminUrl"]["Value"] == {"Fn::GetAtt": ["AdminFunctionUrl", "FunctionUrl"]}
+    assert idle_cost(r) == IDLE[("no-vpc", "")]
 
 
 @pytest.mark.parametrize("door", DOORS)
@@ -242,12 +278,15 @@ def test_no_vpc() -> None:
     assert cache["MajorEngineVersion"] == "9"  # public endpoints: Valkey 9.0 or later
     assert "SubnetIds" not in cache and "SecurityGroupIds" not in cache
     assert "UserGroupId" in cache  # a public endpoint takes IAM-authenticated users only
-    for role in ("GatewayRole", "RollupRole"):
+    for role in ("GatewayRole", "RollupRole", "AdminRole"):
         names = [p["PolicyName"] for p in r.resources[role]["Properties"]["Policies"]]
         assert "vpc-network-interfaces" not in names and "budget-cache" in names
     vpc = render(Egress="nat")
     names = [p["PolicyName"] for p in vpc.resources["GatewayRole"]["Properties"]["Policies"]]
     assert "vpc-network-interfaces" in names
+
+
+ROLES = ("GatewayRole", "RollupRole", "AdminRole")
 
 
 @pytest.mark.parametrize("egress", TOPOLOGIES)
@@ -260,7 +299,7 @@ def test_the_cache_takes_iam_users_only(egress: str) -> None:
     group = r.resources["CacheUserGroup"]["Properties"]
     assert group["Engine"] == "valkey" and group["UserIds"] == [{"Ref": "CacheUser"}]
     assert r.resources["BudgetCache"]["Properties"]["UserGroupId"] == {"Ref": "CacheUserGroup"}
-    for role in ("GatewayRole", "RollupRole"):
+    for role in ROLES:
         statements = [
             st
             for pol in r.resources[role]["Properties"]["Policies"]
@@ -345,6 +384,146 @@ def test_function_url_front_door() -> None:
     assert r.outputs["OpenAIBaseUrl"]["Value"] == {"Fn::Sub": "${GatewayFunctionUrl.FunctionUrl}v1"}
     signed = render(FrontDoor="function-url", FunctionUrlAuthType="AWS_IAM")
     assert "GatewayUrlPublicInvokeUrl" not in signed.resources
+
+
+# ------------------------------------------------------------------ the admin function
+
+ROLE_ARN = "arn:aws:iam::123456789012:role/hardcap-operator"
+OTHER_ACCOUNT_ROLE = "arn:aws:iam::210987654321:role/platform-admin"
+USER_ARN = "arn:aws:iam::123456789012:user/alice"
+ADMIN_LISTS = {
+    "none": [""],  # the parameter's default, as CloudFormation reads an empty list
+    "one": [ROLE_ARN],
+    "three": [ROLE_ARN, OTHER_ACCOUNT_ROLE, USER_ARN],
+}
+
+
+def admin_permissions(r: Render) -> dict[str, dict[str, Any]]:
+    """Every permission on the admin function, by logical id."""
+    return {
+        name: res["Properties"]
+        for name, res in r.resources.items()
+        if res["Type"] == "AWS::Lambda::Permission"
+        and res["Properties"]["FunctionName"] == {"Ref": "AdminFunction"}
+    }
+
+
+@pytest.mark.parametrize("admins", sorted(ADMIN_LISTS))
+@pytest.mark.parametrize("auth", ["NONE", "AWS_IAM"])
+@pytest.mark.parametrize("door", DOORS)
+@pytest.mark.parametrize("egress", TOPOLOGIES)
+def test_the_admin_url_takes_signed_iam_calls_only(
+    egress: str, door: str, auth: str, admins: str
+) -> None:
+    """Whatever the parameters, the admin URL is AWS_IAM (a literal in the template, not a
+    parameter), buffered, with no CORS; no permission opens it to everyone or to unsigned
+    calls, and no front door of the gateway reaches it."""
+    declared = TEMPLATE["Resources"]["AdminFunctionUrl"]
+    assert declared["Properties"]["AuthType"] == "AWS_IAM" and "Condition" not in declared
+    r = render(
+        Egress=egress,
+        FrontDoor=door,
+        FunctionUrlAuthType=auth,
+        AdminPrincipalArns=ADMIN_LISTS[admins],
+    )
+    url = r.resources["AdminFunctionUrl"]["Properties"]
+    assert url == {
+        "TargetFunctionArn": {"Ref": "AdminFunction"},
+        "AuthType": "AWS_IAM",
+        "InvokeMode": "BUFFERED",
+    }
+    permissions = admin_permissions(r)
+    assert permissions
+    for name, permission in permissions.items():
+        assert r.scalar(permission["Principal"]) not in ("*", ""), name
+        if permission["Action"] == "lambda:InvokeFunctionUrl":
+            assert permission["FunctionUrlAuthType"] == "AWS_IAM", name
+        else:
+            assert permission["Action"] == "lambda:InvokeFunction", name
+            assert permission["InvokedViaFunctionUrl"] is True, name
+    # The gateway's doors invoke the gateway's alias and nothing else.
+    for name, res in r.resources.items():
+        if res["Type"] == "AWS::ApiGateway::Method":
+            assert "AdminFunction" not in str(res["Properties"]["Integration"]), name
+
+
+@pytest.mark.parametrize(
+    ("admins", "principals"),
+    [
+        ([""], [{"Ref": "AWS::AccountId"}]),
+        ([ROLE_ARN], [ROLE_ARN]),
+        ([ROLE_ARN, USER_ARN], [ROLE_ARN, USER_ARN]),
+        ([ROLE_ARN, OTHER_ACCOUNT_ROLE, USER_ARN], [ROLE_ARN, OTHER_ACCOUNT_ROLE, USER_ARN]),
+    ],
+    ids=["default-the-account", "one", "two", "three"],
+)
+def test_admin_principals_each_get_both_permissions(
+    admins: list[str], principals: list[Any]
+) -> None:
+    """Empty names the account (any of its principals whose IAM policies allow the calls);
+    otherwise each ARN gets lambda:InvokeFunctionUrl and lambda:InvokeFunction, in order."""
+    r = render(AdminPrincipalArns=admins)
+    granted: dict[str, list[Any]] = {"lambda:InvokeFunctionUrl": [], "lambda:InvokeFunction": []}
+    for name in sorted(admin_permissions(r)):
+        permission = r.resources[name]["Properties"]
+        granted[permission["Action"]].append(r.scalar(permission["Principal"]))
+    assert granted == {"lambda:InvokeFunctionUrl": principals, "lambda:InvokeFunction": principals}
+    assert "AdminPrincipalArnsTakeAtMostThree" not in r.resources
+
+
+def test_a_fourth_admin_principal_fails_the_deploy() -> None:
+    """A value without a slot would leave its principal without access and no one told: the
+    stack gets a wait condition that is never signalled, so the deploy fails and rolls back."""
+    r = render(AdminPrincipalArns=[ROLE_ARN, OTHER_ACCOUNT_ROLE, USER_ARN, ROLE_ARN + "-2"])
+    guard = r.resources["AdminPrincipalArnsTakeAtMostThree"]
+    assert guard["Type"] == "AWS::CloudFormation::WaitCondition"
+    assert guard["Properties"]["Handle"] == {"Ref": "AdminPrincipalArnsTakeAtMostThreeHandle"}
+    handle = r.resources["AdminPrincipalArnsTakeAtMostThreeHandle"]
+    assert handle["Type"] == "AWS::CloudFormation::WaitConditionHandle"
+    assert len(admin_permissions(r)) == 6  # the first three still render
+    known = set(r.resources) | sam_generated() | set(TEMPLATE["Parameters"]) | PSEUDO
+    for name, node in r.resources.items():
+        assert not r.references(node) - known, name
+
+
+def test_admin_principal_values_are_principals() -> None:
+    """Account ids, account roots, IAM roles and users; not a wildcard or a service."""
+    pattern = re.compile(TEMPLATE["Parameters"]["AdminPrincipalArns"]["AllowedPattern"])
+    for good in ("", "123456789012", "arn:aws:iam::123456789012:root", ROLE_ARN, USER_ARN,
+                 "arn:aws-us-gov:iam::123456789012:role/path/ops"):  # fmt: skip
+        assert pattern.fullmatch(good), good
+    for bad in ("*", "lambda.amazonaws.com", "arn:aws:iam::123456789012:group/admins",
+                "arn:aws:sts::123456789012:assumed-role/ops/alice", "12345"):  # fmt: skip
+        assert not pattern.fullmatch(bad), bad
+
+
+def role_policy_names(r: Render, role: str) -> set[str]:
+    return {p["PolicyName"] for p in r.resources[role]["Properties"]["Policies"]}
+
+
+@pytest.mark.parametrize("cache", ["", "rediss://cache.example:6379"], ids=["new-cache", "own"])
+@pytest.mark.parametrize("egress", TOPOLOGIES)
+def test_the_admin_function_sits_where_the_gateway_does(egress: str, cache: str) -> None:
+    """It writes each change's version into the cache, so it needs the gateway's network (the
+    Globals' VpcConfig, no override), its cache settings and its elasticache:Connect grant."""
+    r = render(Egress=egress, ExistingRedisUrl=cache)
+    admin = r.resources["AdminFunction"]["Properties"]
+    for function in ("AdminFunction", "GatewayFunction"):
+        assert "VpcConfig" not in r.resources[function]["Properties"], function
+    gateway_env = function_env(TEMPLATE, "GatewayFunction")
+    admin_env = function_env(TEMPLATE, "AdminFunction")
+    for name in ("HARDCAP_REDIS_URL", "HARDCAP_REDIS_CLUSTER", "HARDCAP_REDIS_IAM_USER",
+                 "HARDCAP_REDIS_IAM_CACHE_NAME", "HARDCAP_REDIS_IAM_SERVERLESS",
+                 "HARDCAP_USAGE_TABLE", "HARDCAP_CONFIG_TABLE", "HARDCAP_CONFIG"):  # fmt: skip
+        assert admin_env[name] == gateway_env[name], name
+    assert not [n for n in admin_env if n.startswith(("AWS_LWA_", "AWS_LAMBDA_EXEC"))]
+    assert "Layers" not in admin  # a plain Python handler: no web adapter
+    gateway_policies = role_policy_names(r, "GatewayRole")
+    admin_policies = role_policy_names(r, "AdminRole")
+    for shared in ("vpc-network-interfaces", "budget-cache"):
+        assert (shared in admin_policies) == (shared in gateway_policies), shared
+    assert ("vpc-network-interfaces" in admin_policies) == (egress != "no-vpc")
+    assert ("budget-cache" in admin_policies) == (cache == "")
 
 
 # ------------------------------------------------------------------ SnapStart

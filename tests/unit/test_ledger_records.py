@@ -1,7 +1,10 @@
 """The usage record's formats as the rollup reads them: format 2 (one packed field, what
-lua/lib.lua writes) and format 1 (a field per value, still in streams from before an upgrade)."""
+lua/lib.lua writes for a request without a user), format 3 (format 2 with the user as an 11th
+string) and format 1 (a field per value, still in streams from before an upgrade)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -26,6 +29,19 @@ def test_format_2_is_parsed_field_by_field() -> None:
     assert (r.admitted_ms, r.at_ms) == (1699999999000, 1700000000000)
 
 
+def test_format_3_carries_the_user_and_reads_like_format_2() -> None:
+    strings = STRINGS[:-1] + ',"alpha~bob@example.com"]'
+    r = parse_entry(
+        b"1700000000000-4", {b"r": f"3,1,0,200,-150,7,5,120000,1699999999000,{strings}"}
+    )
+    assert r.user == "alpha~bob@example.com"
+    without = parse_entry(
+        b"1700000000000-4", {b"r": f"2,1,0,200,-150,7,5,120000,1699999999000,{STRINGS}"}
+    )
+    assert without.user == ""
+    assert dataclasses.replace(r, user="") == without  # nothing else differs
+
+
 def test_format_1_is_still_read() -> None:
     fields = {
         "v": "1", "kind": "r", "rid": "r2", "tn": "alpha", "org": "", "k": "key-1", "rt": "chat",
@@ -40,6 +56,10 @@ def test_format_1_is_still_read() -> None:
     "fields",
     [
         {"r": "3,0,1,0,0,0,0,0,0,[]"},
+        {"r": "4,0,1,0,0,0,0,0,0," + STRINGS},
+        {"r": "3,0,1,0,0,0,0,0,0," + STRINGS},  # format 3 without its user
+        {"r": "2,0,1,0,0,0,0,0,0," + STRINGS[:-1] + ',"alpha~bob"]'},  # format 2 with one
+        {"r": '3,0,1,0,0,0,0,0,0,{"kind":"s"}'},
         {"r": "2,0,1,0,0"},
         {"r": '2,0,1,0,0,0,0,0,0,["s","r1"]'},
         {"r": "2,0,1,x,0,0,0,0,0," + STRINGS},

@@ -88,3 +88,46 @@ def test_windows_are_ages_or_iso_times(text: str, ms: int) -> None:
 def test_a_bad_window_says_what_is_accepted(text: str) -> None:
     with pytest.raises(ValueError, match=r"neither an age \(90s, 30m, 1h, 24h, 7d\)"):
         parse_time(text, NOW)
+
+
+def test_the_user_column_shows_only_when_a_row_has_a_user() -> None:
+    rows = [row(), row(user="alpha~bob", requests=1, cost_nusd=5_000_000)]
+    table = format_table(rows, NOW - 3_600_000, NOW)
+    assert table.splitlines()[2].split()[:4] == ["tenant", "key", "user", "model"]
+    lines = [line.split() for line in table.splitlines()[4:6]]
+    assert [cells[:4] for cells in lines] == [
+        ["alpha", "alpha-dev", "-", "mock-small"],  # requests without a user
+        ["alpha", "alpha-dev", "alpha~bob", "mock-small"],
+    ]
+    assert cells(table, "total")[1:2] == ["3"]
+
+
+def test_by_user_is_a_line_per_tenant_and_user_dearest_first() -> None:
+    rows = [
+        row(user="alpha~ann", cost_nusd=1_000),
+        row(user="alpha~bob", key_id="alpha-ci", cost_nusd=7_000),
+        row(user="alpha~bob", model="mock-large", cost_nusd=3_000),  # bob: 10,000 in all
+        row(user=""),  # requests of the tenant's keys without a user
+        row(tenant="beta", key_id="beta-dev", user="beta~zed", cost_nusd=2),
+    ]
+    table = format_table(rows, NOW - 3_600_000, NOW, by="user")
+    assert table.splitlines()[2].split()[:3] == ["tenant", "user", "requests"]
+    body = [line.split()[:3] for line in table.splitlines()[4:-2]]
+    assert body == [
+        ["alpha", "-", "2"],
+        ["alpha", "alpha~bob", "4"],
+        ["alpha", "alpha~ann", "2"],
+        ["beta", "beta~zed", "2"],
+    ]
+    assert cells(table, "total")[1:2] == ["10"]
+    out = to_json(rows, by="user")
+    assert [(r["tenant"], r["user"], r["cost_nusd"]) for r in out] == [
+        ("alpha", "", 3_150_000), ("alpha", "alpha~bob", 10_000), ("alpha", "alpha~ann", 1_000),
+        ("beta", "beta~zed", 2),
+    ]  # fmt: skip
+    assert out[1]["cost_usd"] == 1e-5 and out[1]["requests"] == 4
+
+
+def test_an_unknown_grouping_is_refused() -> None:
+    with pytest.raises(ValueError, match="one of key, user"):
+        format_table([row()], NOW - 60_000, NOW, by="model")
