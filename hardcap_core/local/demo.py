@@ -13,10 +13,12 @@ from __future__ import annotations
 import functools
 import json
 import os
+import secrets
+import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import yaml
@@ -25,7 +27,6 @@ from hardcap_core import env
 from hardcap_core.local.servers import ThreadServer
 
 if TYPE_CHECKING:
-    from hardcap_core.config.model import Config
     from hardcap_core.local.aws import LocalAws
     from hardcap_core.local.rollup_timer import RollupTimer
 
@@ -39,8 +40,11 @@ def run_demo(config_path: str, port: int, *, once: bool, mock_port: int | None =
     ``mock_port`` moves the mock upstream (the config's ``mock`` upstream) off its configured
     port. Returns the exit status: 0 after ``once``, Ctrl-C or SIGTERM.
     """
-    from hardcap_core.config import load_config
+    from hardcap_core.config import load_config, parse_config
+    from hardcap_core.control.live import LiveConfig
+    from hardcap_core.control.store import ConfigStore
     from hardcap_core.gateway.app import create_app
+    from hardcap_core.local.admin_serve import serve_admin
     from hardcap_core.local.aws import LocalAws, dynamodb_client
     from hardcap_core.local.mock_upstream import MockSettings, create_mock_app
     from hardcap_core.local.rollup_timer import RollupTimer
@@ -61,14 +65,21 @@ def run_demo(config_path: str, port: int, *, once: bool, mock_port: int | None =
         # Sets the environment the gateway reads the usage table's name from.
         aws = LocalAws().start()
         # Loaded once the variable is set: it overrides the config's redis_url.
-        config = _config(config_path, mock_port)
+        data = _data(config_path, mock_port)
+        config = parse_config(data, source=config_path)
         mock_url = httpx.URL(config.upstreams["mock"].base_url)
         mock = ThreadServer(create_mock_app(MockSettings(pace_ms=15, seed=7)), mock_url.port or 80)
         mock.start()
-        gateway = ThreadServer(create_app(config), port).start()
-        timer = RollupTimer(config, UsageTable(dynamodb_client(), aws.table)).start()
+        # Tenants and keys live in the embedded config table once the admin changes them.
+        store = ConfigStore(aws.config_table, aws.client())
+        app = create_app(config, live=LiveConfig(data, config_path, store))
+        token = secrets.token_urlsafe(24)
+        serve_admin(app, config_path, aws.config_table, token)
+        gateway = ThreadServer(app, port).start()
+        live = LiveConfig(data, config_path, store)  # the timer's own: it runs on another loop
+        timer = RollupTimer(config, UsageTable(dynamodb_client(), aws.table), live=live).start()
         servers = {"valkey": valkey.url, "mock": mock.url, "base": f"{gateway.url}/v1"}
-        return _show(config_path, servers, aws, timer, once=once)
+        return _show(config_path, servers, aws, timer, once=once, admin=(gateway.url, token))
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (hardcap_core.local.servers.Terminated)
         return 0
     finally:
@@ -79,22 +90,26 @@ def run_demo(config_path: str, port: int, *, once: bool, mock_port: int | None =
                 server.stop()
 
 
-def _config(path: str, mock_port: int | None) -> Config:
-    """The config at ``path``, its ``mock`` upstream moved to ``mock_port`` (if given)."""
-    from hardcap_core.config import load_config, parse_config
-
-    if mock_port is None:
-        return load_config(path)
-    # The file itself was validated by load_config already (duplicate keys included).
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    for upstream in data["upstreams"]:
-        if upstream["name"] == "mock":
-            upstream["base_url"] = str(httpx.URL(upstream["base_url"]).copy_with(port=mock_port))
-    return parse_config(data, source=path)
+def _data(path: str, mock_port: int | None) -> dict[str, Any]:
+    """The config data at ``path``, its ``mock`` upstream moved to ``mock_port`` (if given);
+    the file itself was validated by load_config already (duplicate keys included)."""
+    data: dict[str, Any] = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    if mock_port is not None:
+        for upstream in data["upstreams"]:
+            if upstream["name"] == "mock":
+                url = httpx.URL(upstream["base_url"]).copy_with(port=mock_port)
+                upstream["base_url"] = str(url)
+    return data
 
 
 def _show(
-    config_path: str, servers: dict[str, str], aws: LocalAws, timer: RollupTimer, *, once: bool
+    config_path: str,
+    servers: dict[str, str],
+    aws: LocalAws,
+    timer: RollupTimer,
+    *,
+    once: bool,
+    admin: tuple[str, str],
 ) -> int:
     """Print where everything runs, one streamed completion, the usage from the cache and
     from DynamoDB; then wait."""
@@ -115,6 +130,7 @@ def _show(
         say(_pretty(usage.json()))
         shown = {k: v for k, v in usage.headers.items() if k.startswith(("x-token", "x-rate"))}
         say("\nbudget headers: " + _pretty(shown))
+    _show_admin(base, *admin)
     _show_rollup(timer)
     if once:
         return 0
@@ -128,6 +144,50 @@ def _show(
     )
     while True:
         time.sleep(3600)
+
+
+def _show_admin(base: str, url: str, token: str) -> None:
+    """The live config's loop with ``hardcap admin``: a new key used at once, its budget
+    raised for a week, then revoked and refused on its next request; no restart."""
+    say = functools.partial(print, flush=True)
+
+    def admin(*args: str, json_out: bool = False) -> str:
+        shown = " ".join(args)
+        say(f"\n$ hardcap admin {shown}")
+        command = [sys.executable, "-m", "hardcap_core.cli", "admin", *args]
+        command += ["--url", url, "--token", token] + (["--json"] if json_out else [])
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        if not json_out:
+            say(done.stdout.rstrip())
+        return done.stdout
+
+    made = json.loads(admin("keys", "create", "--tenant", DEMO_TENANT, "--id", "alpha-live",
+                            json_out=True))  # fmt: skip
+    key = made["key"]
+    say(f"new key (shown once): {key}")
+    say("\n$ POST /v1/chat/completions with it, at once (the OpenAI SDK)")
+    say(f"  -> {_one_reply(base, key)}")
+    admin("budgets", "set", "--level", "key", "--id", "alpha-live", "--dimension",
+          "total_tokens", "--window", "day", "--limit", "50000", "--for", "7d",
+          "--reason", "demo: a week's raise")  # fmt: skip
+    admin("keys", "revoke", "alpha-live")
+    say("\n$ POST /v1/chat/completions with the revoked key")
+    say(f"  -> {_one_reply(base, key)}")
+
+
+def _one_reply(base: str, key: str) -> str:
+    """One short completion with the OpenAI SDK: its text, or the error it got."""
+    import openai
+
+    client = openai.OpenAI(base_url=base, api_key=key, max_retries=0)
+    try:
+        reply = client.chat.completions.create(
+            model="demo", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
+        )
+    except openai.APIStatusError as e:
+        return f"{e.status_code} {e.message}"
+    usage = reply.usage.total_tokens if reply.usage else 0
+    return f"200 {reply.choices[0].message.content!r} ({usage} tokens)"
 
 
 def _show_rollup(timer: RollupTimer) -> None:
