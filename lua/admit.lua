@@ -27,7 +27,9 @@
 --                 m: {rt, md, k, rq, tn, og, pv, us} (lib.lua: meta), kept on the reservation
 --                    record for the usage record an expiry writes, and put on a refusal's,
 --                 cv: the config version the caller's copy of the config is at (absent: not
---                     checked); KEYS[13] newer: nothing is reserved, the reply says 'config'}
+--                     checked); KEYS[13] newer: nothing is reserved, the reply says 'config',
+--                 nr: 1 to append no usage record for a refusal (the caller asks again at
+--                     once with a smaller input: a count in place of the bound)}
 --
 -- Units: tokens; money in integer nano-USD; times in epoch ms from the server's TIME.
 --
@@ -162,7 +164,7 @@ end
 local used, reserved = read_counts(used_keys, spec.b)
 
 local function budget_reply(kind, what, retry)
-  append_record('r', rid, spec.m, {oc = kind, n = 1, t0 = now})
+  if not spec.nr then append_record('r', rid, spec.m, {oc = kind, n = 1, t0 = now}) end
   local reply = {kind, now, what, retry}
   append_budget_state(reply, spec.b, spec.w, used, reserved, now)
   for _, v in ipairs(rate_state) do table.insert(reply, v) end

@@ -25,7 +25,7 @@ from hardcap_core.errors import ConfigError
 
 # The validated file a build ships next to the YAML; a new format number invalidates old ones.
 VALIDATED_SUFFIX = ".validated.pickle"
-VALIDATED_FORMAT = 4
+VALIDATED_FORMAT = 5
 
 
 def load_config(path: str | Path) -> Config:

@@ -300,9 +300,9 @@ class Gateway:
         g = self.config.gateway
 
         def admit(ticket_ms: int) -> Any:
-            return inputs.admit(lambda input_tokens: reserve(ticket_ms, input_tokens))
+            return inputs.admit(lambda tokens, record: reserve(ticket_ms, tokens, record))
 
-        def reserve(ticket_ms: int, input_tokens: int) -> Any:
+        def reserve(ticket_ms: int, input_tokens: int, record_refusal: bool) -> Any:
             nonlocal held, prices
             held, prices = request_prices(self.config, route, chat.body, input_tokens)
             return self.ledger.admit(
@@ -321,6 +321,7 @@ class Gateway:
                 queue_priority=principal.queue_priority,
                 headroom=g.extend_headroom_tokens,
                 config_version=None if self.live is None else self.live.version,
+                record_refusal=record_refusal,
             )
 
         wait_s = principal.queue_wait_s(route, g.queue_wait_seconds)

@@ -116,6 +116,7 @@ class Ledger:
         queue_priority: int = 0,
         headroom: int = 0,
         config_version: int | None = None,
+        record_refusal: bool = True,
     ) -> AdmitResult:
         """Check rate limits and every budget of ``scope``; reserve the estimate if it fits.
 
@@ -137,6 +138,8 @@ class Ledger:
         ``config_version``: the version of the caller's live config; if an admin change
         published a newer one for this hierarchy, nothing is reserved and
         :class:`ConfigStale` is raised (reload the config, authenticate again, call again).
+        ``record_refusal`` False: a refusal appends no usage record (the caller asks again at
+        once, with a smaller input, and that answer is the one recorded).
         If the server cannot be reached: :class:`Unguarded` when ``fail_open``, else raise
         :class:`LedgerUnavailable`.
         """
@@ -156,6 +159,8 @@ class Ledger:
         )
         if config_version is not None:
             extra += f',"cv":{int(config_version)}'
+        if not record_refusal:
+            extra += ',"nr":1'
         settled = plan.settled_prefix + rid
 
         def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:

@@ -172,16 +172,21 @@ class Reserving:
     counted: int | None
     recount: bool
 
-    async def admit(self, reserve: Callable[[int], Awaitable[AdmitResult]]) -> AdmitResult:
-        """``reserve(tokens)``; where the bound is short, once, the count, and ``reserve``
-        again with it when it is less (a queued request then asks again with it)."""
-        result = await reserve(self.tokens)
+    async def admit(self, reserve: Callable[[int, bool], Awaitable[AdmitResult]]) -> AdmitResult:
+        """``reserve(tokens, record_refusal)``; where the bound is short, once, the count, and
+        ``reserve`` again with it when it is less (a queued request then asks again with it).
+        A refusal is recorded once per request: the bound's answer records none while a count
+        may follow it, and a refusal that stands is asked for again with its record."""
+        recorded = not self.recount
+        result = await reserve(self.tokens, recorded)
         if self.recount and bound_short(result):
             self.recount = False
             self.counted = await self.counts.count(self.route, self.chat)
             if self.counted is not None and self.counted < self.tokens:
                 self.tokens = self.counted
-                result = await reserve(self.tokens)
+                return await reserve(self.tokens, True)
+        if isinstance(result, Refused) and not recorded:
+            result = await reserve(self.tokens, True)  # the refusal stands: its usage record
         return result
 
     @property

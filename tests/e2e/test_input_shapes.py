@@ -21,8 +21,8 @@ import pytest
 import redis
 
 from bench.harness import reserved_left
-from bench.input_shapes import shape
 from hardcap_core.local.valkey import LocalValkey
+from tests.input_shapes import shape
 from tests.stack import KEYS, Mock, config_data, gateway_thread
 
 BUDGET = 20_000

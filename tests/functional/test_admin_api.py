@@ -6,6 +6,7 @@ change (the file joined with the table's state, through ``parse_config``)."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -132,8 +133,34 @@ GAMMA = {
 }
 
 
+class Kept(logging.Handler):
+    """Every log record, formatted with its extra fields, from every logger."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.getMessage()} {record.__dict__}")
+
+
+@pytest.fixture
+def logs() -> Iterator[Kept]:
+    """Debug logs of everything (botocore's requests too) and the gateway's own logger."""
+    kept = Kept()
+    loggers = [logging.getLogger(), logging.getLogger("hardcap")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(kept)
+        lg.setLevel(logging.DEBUG)
+    yield kept
+    for lg, level in zip(loggers, levels, strict=True):
+        lg.removeHandler(kept)
+        lg.setLevel(level)
+
+
 async def test_create_tenant_and_key_then_list(
-    env: Env, capsys: pytest.CaptureFixture[str]
+    env: Env, capsys: pytest.CaptureFixture[str], logs: Kept
 ) -> None:
     created = await call(env, "POST", "/tenants", GAMMA, expect=201)
     assert created["tenant"]["id"] == "gamma"
@@ -161,6 +188,9 @@ async def test_create_tenant_and_key_then_list(
         assert plaintext not in text
     out = capsys.readouterr()
     assert plaintext not in out.out + out.err
+    # The logs saw the table writes (botocore logs their bodies at debug), never the key.
+    assert any(hash_key(plaintext) in line for line in logs.lines)
+    assert not [line for line in logs.lines if plaintext in line]
     # Gamma is under org acme: gateways serving acme's hierarchy learn of the new version.
     assert await env.cache_version("o:acme") == key["version"]
 

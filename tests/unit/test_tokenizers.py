@@ -28,9 +28,11 @@ import tiktoken
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hardcap_core.budgets import Level, LevelKind
 from hardcap_core.config import parse_config
 from hardcap_core.config.schema import default_tokenizer
 from hardcap_core.errors import ConfigError
+from hardcap_core.ledger import Queued, Refusal, Refused
 from hardcap_core.local import mock_billing
 from hardcap_core.tokenize import vocabularies
 from hardcap_core.tokenize.counters import BoundCounter, BpeCounter, CalibratedCounter
@@ -485,3 +487,55 @@ async def test_a_chain_is_counted_as_its_dearest_target_bills() -> None:
     assert not counts.counts_better(plain)
     assert await counts.count(plain, chat) is None
     assert await counts.reported(plain, chat) == counts.bound(plain, chat) == chat.input_tokens
+
+
+@pytest.mark.parametrize(
+    ("first", "counted_again"),
+    [("queued", True), ("exceeded", True), ("tpm", True), ("rpm", False), ("admitted", False)],
+)
+async def test_the_count_is_made_only_where_the_bound_is_short(
+    first: str, counted_again: bool
+) -> None:
+    """Reserved its bound first; counted (once) and reserved again with the count only where
+    that may change the answer: queued, budget spent, tokens per minute (not requests)."""
+
+    tenant = Level(LevelKind.TENANT, "t")
+
+    def refused(reason: Refusal, dimension: str) -> Refused:
+        return Refused(reason, tenant, dimension, None, 1000, (), (), 0)
+
+    answers = {
+        "queued": Queued(0, refused(Refusal.BUSY, "total_tokens"), 0),
+        "exceeded": refused(Refusal.EXCEEDED, "total_tokens"),
+        "tpm": refused(Refusal.RATE_LIMITED, "tokens"),
+        "rpm": refused(Refusal.RATE_LIMITED, "requests"),
+        "admitted": "admitted",
+    }
+    counts = InputCounts(parse_config(config(model="gpt-4o")))
+    route = counts.chains["r"][0]
+    chat = parse_chat_request(json.dumps({"model": "r", "messages": COOKBOOK}).encode())
+    asked: list[int] = []
+    recorded: list[bool] = []
+
+    async def reserve(tokens: int, record_refusal: bool) -> Any:
+        asked.append(tokens)
+        recorded.append(record_refusal)
+        if len(asked) == 1:
+            return answers[first]
+        return answers[first] if first == "rpm" else "admitted"
+
+    inputs = await counts.reserving(route, chat)
+    assert inputs.tokens == chat.input_tokens  # the bound, at parse
+    assert await inputs.admit(reserve) == ("admitted" if counted_again else answers[first])
+    exact = BpeCounter("o200k_base").count(chat.body)
+    if counted_again:
+        assert asked == [chat.input_tokens, exact]
+        assert recorded == [False, True]  # the bound's refusal left no usage record
+    elif first == "rpm":  # a refusal that stands is recorded, once
+        assert asked == [chat.input_tokens, chat.input_tokens]
+        assert recorded == [False, True]
+    else:
+        assert asked == [chat.input_tokens]
+    assert inputs.reserved_count == (exact if counted_again else None)
+    await inputs.admit(reserve)  # a queued request asking again is not counted again
+    assert asked[-1] == inputs.tokens

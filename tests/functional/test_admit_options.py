@@ -1,6 +1,8 @@
-"""The config version in each hierarchy's slot (lua/config_version.lua, admit.lua's ``cv``): an
-instance whose copy of the live config is older than what an admin change published is told so
-by its next admit, which reserves nothing; on a 3-node cluster too (each root in its own slot)."""
+"""Two things an admit may be told. The config version its caller's live config is at
+(lua/config_version.lua, admit.lua's ``cv``): an instance whose copy is older than what an admin
+change published is told so by its next admit, which reserves nothing; on a 3-node cluster too
+(each root in its own slot). And not to record a refusal (``nr``: a route that counts its input
+asks again at once with the count)."""
 
 from __future__ import annotations
 
@@ -46,3 +48,20 @@ async def test_versions_only_move_forward_and_stay_in_their_hierarchy(ledger: Le
     solo = scope((OTHER, Dimension.TOTAL_TOKENS, 100, "day"), levels=(OTHER,))
     result = await ledger.admit(solo, input_tokens=1, output_estimate=1, config_version=4)
     assert isinstance(result, Admitted)
+
+
+async def test_a_refusal_asked_not_to_be_recorded_leaves_no_usage_record(
+    ledger: Ledger, client: Any
+) -> None:
+    """A route that counts its input asks first with the bound and records no refusal for it:
+    the count's answer, right after, is the request's one record."""
+    from hardcap_core.ledger import Refused
+
+    s = scope((TENANT, Dimension.TOTAL_TOKENS, 10, "day"))
+    stream = ledger.keys.usage_stream(s.root)
+    quiet = await ledger.admit(s, input_tokens=50, output_estimate=1, record_refusal=False)
+    assert isinstance(quiet, Refused)
+    assert await client.xlen(stream) == 0
+    loud = await ledger.admit(s, input_tokens=50, output_estimate=1)
+    assert isinstance(loud, Refused)
+    assert await client.xlen(stream) == 1
