@@ -28,7 +28,8 @@ def realistic_tables(data: dict[str, Any], source: str) -> str:
     top = max(c["concurrency"] for c in cells)
     m = data["machine"]
     load = [round(x, 1) for x in m.get("load_average") or []]
-    end = data.get("load_average_end")
+    end = [round(x, 1) for x in data.get("load_average_end") or []]
+    dirty = " with local changes" if m.get("git_dirty") else ""
     lines = [
         f"{p['gateway_processes']} gateway processes, the SDK-like client (max_retries "
         f"{p['client_max_retries']}), the default queue wait ({p['queue_wait_seconds']:g} s), "
@@ -36,8 +37,8 @@ def realistic_tables(data: dict[str, Any], source: str) -> str:
         f"${_price(p, 'output')} per million input / output tokens; each budget pays for "
         f"{p['requests_per_budget']} of its workload's mean requests ({source}, "
         f"{'complete' if data.get('complete') else 'INCOMPLETE'} run"
-        f"{_minutes(data)}, commit `{(m.get('git_commit') or 'unknown')[:10]}`; load average "
-        f"{load} before, {end or '—'} at the end: other work shared the machine).",
+        f"{_minutes(data)}, commit `{(m.get('git_commit') or 'unknown')[:10]}`{dirty}; "
+        f"load average {load} before, {end or '—'} at the end: other work shared the machine).",
         "",
         "| Workload | Prompt tokens p50 / mean / max | Output asked, mean | Tool schemas "
         "| Bound / billed input | Cost budget | Token budget |",
