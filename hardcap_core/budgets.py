@@ -20,7 +20,7 @@ from typing import Any
 NANO_USD_PER_USD = 1_000_000_000
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 # A user level's id: its tenant's id, "~", then the user (what a token's claim or a request's
-# end-user field said, or a digest of it: hardcap_core/users.py), so that users of two tenants
+# end-user field said, or a digest of it: hardcap_core/gateway/callers.py), so that users of two tenants
 # under one org never share a level.
 USER_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}~[A-Za-z0-9_.@+\-]{1,96}$")
 

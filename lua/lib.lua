@@ -1,6 +1,6 @@
 -- lib.lua: helpers shared by the ledger scripts.
 --
--- Not a script of its own: hardcap_core/scripts.py prepends this file to admit, extend, settle
+-- Not a script of its own: hardcap_core/ledger/scripts.py prepends this file to admit, extend, settle
 -- and usage when it registers them, so each registered script is self-contained on the server.
 --
 -- Conventions used by every ledger script:
