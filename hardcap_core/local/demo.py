@@ -130,8 +130,8 @@ def _show(
         say(_pretty(usage.json()))
         shown = {k: v for k, v in usage.headers.items() if k.startswith(("x-token", "x-rate"))}
         say("\nbudget headers: " + _pretty(shown))
-    _show_admin(base, *admin)
     _show_rollup(timer)
+    _show_admin(base, *admin)
     if once:
         return 0
     say(

@@ -81,7 +81,7 @@ def test_demo_shows_the_tenants_spend_read_back_from_dynamodb() -> None:
     )
     assert day["used"] == charged["prompt_tokens"] + charged["completion_tokens"]
 
-    shown = out.stdout.split("$ hardcap usage --tenant alpha", 1)[1]
+    shown = out.stdout.split("$ hardcap usage --tenant alpha", 1)[1].split("$ hardcap admin")[0]
     assert "after a rollup: 1 usage record from the cache into DynamoDB" in shown
     rows = [line.split() for line in shown.splitlines() if line.startswith(("alpha ", "total "))]
     assert [r[0] for r in rows] == ["alpha", "total"], shown
@@ -93,6 +93,14 @@ def test_demo_shows_the_tenants_spend_read_back_from_dynamodb() -> None:
     # cost: the demo route's $5 / $15 per million input / output tokens, to the millionth
     cost = (5 * charged["prompt_tokens"] + 15 * charged["completion_tokens"]) / 1e6
     assert alpha[8] == f"{cost:.6f}"
+    # Then the live config's loop: a key made by `hardcap admin` works at once, and once
+    # revoked its next request is refused, with no restart.
+    admin = out.stdout.split("$ hardcap admin keys create", 1)[1]
+    key = re.search(r"new key \(shown once\): (hc_\S+)", admin)
+    assert key, admin
+    replies = re.findall(r"^  -> (\d{3}) ", admin, re.MULTILINE)
+    assert replies == ["200", "401"], admin
+    assert "$ hardcap admin keys revoke alpha-live" in admin
 
 
 class Output:
