@@ -17,6 +17,18 @@ key, all far above what the run can spend, so every admission succeeds.
     PYTHONPATH=. python bench/ledger.py                # about a minute; a private valkey-server
     PYTHONPATH=. python bench/ledger.py --quick        # seconds; writes ledger-quick.json
     PYTHONPATH=. python bench/ledger.py --url redis://127.0.0.1:6379 --plot bench/results/ledger.png
+    PYTHONPATH=. python bench/ledger.py --lease        # every pair under a lease: ledger-lease.json
+
+With ``--upstream-limit N`` every admit is also checked against one upstream's budget of N total
+tokens a day over every tenant (hardcap_core/ledger/allowances.py): the admit carries one more
+budget row, read against the hierarchy's allowance, and an allowance that runs short is topped up
+by a grant in the upstream's own slot (at least 5% of N at a time). N must be above what the run
+spends (about 350 tokens a pair: 10**9 for a full run); the result adds the grant calls per
+1,000 admits. Its file is ledger-upstream.json (with --lease, ledger-lease-upstream.json).
+
+With ``--lease`` the run first opens one lease on the scope (an envelope far above what it can
+spend) and every admit carries it, so admit, extend and settle also read and write the lease's
+record (lib.lua: leases); the server phases then give their cost per call beside a plain run's.
 
 (``make`` installs hardcap in editable mode into .venv; PYTHONPATH=. is for other environments.)
 With ``--url`` the server is shared: CONFIG RESETSTAT clears its command statistics, and the
@@ -57,8 +69,11 @@ from hardcap_core.budgets import (
     Window,
 )
 from hardcap_core.ledger import Admitted, Extended, Ledger, Reservation
+from hardcap_core.ledger.allowances import SharedLimits, shared_budgets
 from hardcap_core.ledger.connection import connect
 from hardcap_core.ledger.estimators import SharedP95Estimator
+from hardcap_core.ledger.leases import LeaseOpened, LeaseOwner, Leases
+from hardcap_core.ledger.replies import ReservationMeta
 from hardcap_core.local.valkey import LocalValkey
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,6 +105,71 @@ def bench_scope() -> Scope:
 
 
 # -- clients ----------------------------------------------------------------------------------
+
+
+class LeasedLedger(Ledger):
+    """A ledger whose admits all draw from one lease (``--lease``)."""
+
+    def __init__(self, client: Any, lease: str, **kw: Any) -> None:
+        super().__init__(client, **kw)
+        self.lease = lease
+
+    async def admit(self, scope: Scope, **kw: Any) -> Any:
+        kw.setdefault("meta", ReservationMeta(lease=self.lease))
+        return await super().admit(scope, **kw)
+
+
+class LimitedLedger(Ledger):
+    """A ledger whose admits are all checked against one upstream's budget over every tenant
+    (``--upstream-limit``), under a lease too if ``lease``; counts admits and grant calls."""
+
+    made: list[LimitedLedger] = []  # noqa: RUF012 (every instance of the run, for the totals)
+
+    def __init__(self, client: Any, shared: SharedLimits, lease: str | None, **kw: Any) -> None:
+        super().__init__(client, **kw)
+        self.shared, self.lease, self.admits = shared, lease, 0
+        LimitedLedger.made.append(self)
+
+    async def admit(self, scope: Scope, **kw: Any) -> Any:
+        kw.setdefault("shared", self.shared)
+        if self.lease:
+            kw.setdefault("meta", ReservationMeta(lease=self.lease))
+        self.admits += 1
+        return await super().admit(scope, **kw)
+
+    @classmethod
+    def totals(cls) -> dict[str, Any]:
+        admits = sum(lg.admits for lg in cls.made)
+        grants = sum(lg.allowances.grants for lg in cls.made)
+        per = round(1000 * grants / admits, 3) if admits else None
+        return {"admits": admits, "grant_calls": grants, "grant_calls_per_1000_admits": per}
+
+
+def upstream_limit(tokens: int) -> SharedLimits:
+    """One upstream's total-token budget of ``tokens`` a day, over every tenant."""
+    day = [(Dimension.TOTAL_TOKENS, tokens, Window("day"))]
+    return SharedLimits(shared_budgets("upstream", "bench-up", day))
+
+
+def ledger_for(
+    client: Any, prefix: str, lease: str | None, shared: SharedLimits | None = None
+) -> Ledger:
+    if shared is not None:
+        return LimitedLedger(client, shared, lease, prefix=prefix, reservation_ttl_s=600)
+    if lease is None:
+        return Ledger(client, prefix=prefix, reservation_ttl_s=600)
+    return LeasedLedger(client, lease, prefix=prefix, reservation_ttl_s=600)
+
+
+async def open_lease(client: Any, prefix: str, scope: Scope) -> str:
+    """A lease on ``scope`` for the whole run, its envelope far above what the run spends
+    (below 10^14: a lease's record keeps 14 significant digits)."""
+    leases = Leases(Ledger(client, prefix=prefix))
+    owner = LeaseOwner(next(lv.id for lv in scope.levels if lv.kind is LevelKind.TENANT))
+    opened = await leases.open(scope, owner, ttl_s=3600, tokens=10**13, usd_nusd=10**13)
+    if not isinstance(opened, LeaseOpened):
+        raise RuntimeError(f"the benchmark's lease was refused: {opened}")
+    return opened.id
 
 
 @asynccontextmanager
@@ -270,7 +350,9 @@ async def server_costs(
 
     # Loaded up front: a phase's first calls would otherwise count NOSCRIPT replies too.
     for name in ("admit", "extend", "settle", "usage", "estimator_record"):
-        await admin.script_load(getattr(ledger.scripts, name).script)
+        script = getattr(ledger.scripts, name)
+        # Over the pipes (connection.connect) the script object wraps redis-py's as ``slow``.
+        await admin.script_load(getattr(script, "slow", script).script)
     await phase("admit", admits)  # the reservations the next phases extend and settle
     await phase("extend", extends)
     await phase("settle", settles)
@@ -304,9 +386,12 @@ async def measure(args: argparse.Namespace, url: str, prefix: str) -> dict[str, 
                 for k, v in (await admin.info("server")).items()
                 if k in ("redis_version", "valkey_version", "server_name", "io_threads_active")
             }
+            lease = await open_lease(admin, prefix, scope) if args.lease else None
+            results["lease"] = lease
+            shared = upstream_limit(args.upstream_limit) if args.upstream_limit else None
             for parser in parsers:
                 client = await stack.enter_async_context(client_for(url, parser))
-                ledger = Ledger(client, prefix=prefix, reservation_ttl_s=600)
+                ledger = ledger_for(client, prefix, lease, shared)
                 for _ in range(50):  # load the scripts, open the connections, warm up
                     await pair(ledger, scope)
                 conn = await client.connection_pool.get_connection()
@@ -321,7 +406,7 @@ async def measure(args: argparse.Namespace, url: str, prefix: str) -> dict[str, 
                         {"parser": parser, "parser_class": parser_used, **row}
                     )
                     progress.done()
-            ledger = Ledger(admin, prefix=prefix, reservation_ttl_s=600)
+            ledger = ledger_for(admin, prefix, lease, shared)
             results["server"] = await server_costs(
                 ledger,
                 admin,
@@ -330,6 +415,8 @@ async def measure(args: argparse.Namespace, url: str, prefix: str) -> dict[str, 
                 inflight=args.inflight,
                 progress=progress,
             )
+            if shared is not None:
+                results["upstream_limit"] = LimitedLedger.totals()
             if args.url:
                 keys = [k async for k in admin.scan_iter(match=f"{prefix}:*", count=1000)]
                 for i in range(0, len(keys), 500):
@@ -353,6 +440,10 @@ def table(data: dict[str, Any]) -> str:
     lines += ["", "| script | calls | server µs/call |", "|---|---:|---:|"]
     for name, s in data["results"]["server"].items():
         lines.append(f"| {name} | {s['calls']:,} | {s['usec_per_call']:.2f} |")
+    limit = data["results"].get("upstream_limit")
+    if limit:
+        lines += ["", f"upstream limit: {limit['grant_calls_per_1000_admits']} grant calls per "
+                  f"1,000 admits ({limit['grant_calls']:,} in {limit['admits']:,})"]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -386,10 +477,17 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="1 s phases, to ledger-quick.json")
     parser.add_argument("--out", help="result file (default bench/results/ledger.json)")
     parser.add_argument("--plot", help="also draw the results into this PNG (matplotlib)")
+    parser.add_argument("--lease", action="store_true", help="every admit under one lease")
+    parser.add_argument(
+        "--upstream-limit", type=int, default=0, metavar="TOKENS",
+        help="every admit also under one upstream's day budget of TOKENS over every tenant",
+    )  # fmt: skip
     args = parser.parse_args(None if argv is None else list(argv))
     if args.quick:
         args.duration = 1.0
-    args.out = args.out or str(RESULTS / ("ledger-quick.json" if args.quick else "ledger.json"))
+    name = "ledger" + ("-lease" if args.lease else "")
+    name += ("-upstream" if args.upstream_limit else "") + ("-quick" if args.quick else "")
+    args.out = args.out or str(RESULTS / f"{name}.json")
     return args
 
 
@@ -405,6 +503,8 @@ def main(argv: Iterable[str] | None = None) -> int:
             "duration_s": args.duration,
             "inflight": args.inflight,
             "quick": args.quick,
+            "lease": args.lease,
+            "upstream_limit_tokens": args.upstream_limit or None,
             "server_phase_s": args.duration / 2,
             "input_tokens": INPUT_TOKENS,
             "output_estimate": OUTPUT_ESTIMATE,

@@ -20,8 +20,8 @@ from typing import Any
 NANO_USD_PER_USD = 1_000_000_000
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 # A user level's id: its tenant's id, "~", then the user (what a token's claim or a request's
-# end-user field said, or a digest of it: hardcap_core/gateway/callers.py), so that users of two tenants
-# under one org never share a level.
+# end-user field said, or a digest of it: hardcap_core/gateway/callers.py), so that users of
+# two tenants under one org never share a level.
 USER_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}~[A-Za-z0-9_.@+\-]{1,96}$")
 
 
@@ -147,6 +147,10 @@ class Window:
         )
 
 
+# A budget's notification thresholds unless its config says otherwise (percent of its limit).
+DEFAULT_NOTIFY_AT = (50, 80, 100)
+
+
 @dataclass(frozen=True, slots=True)
 class Budget:
     """A hard limit on one dimension at one level over one window."""
@@ -155,6 +159,9 @@ class Budget:
     dimension: Dimension
     limit: int  # tokens, or nano-USD for cost
     window: Window
+    # Percent of the limit at which the rollup notifies, once per window (rollup/notify.py).
+    # Not part of a budget's identity: the ledger counts the same whatever it notifies at.
+    notify_at: tuple[int, ...] = field(default=DEFAULT_NOTIFY_AT, compare=False)
 
     def __post_init__(self) -> None:
         if self.limit < 0:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from hardcap_core import env
 from hardcap_core.local.admin_command import ADMIN_TOKEN
+from hardcap_core.local.notify_local import NOTIFY_URL_ENV
 from hardcap_core.local.rollup_timer import DEFAULT_INTERVAL_S
 from hardcap_core.local.servers import UVICORN_OPTIONS, Terminated, stop_on_sigterm
 from hardcap_core.local.usage_command import add_usage_arguments, usage_command
@@ -54,6 +55,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         dest="rollup",
         action="store_false",
         help="no rollup timer and no embedded DynamoDB: usage stays in the cache",
+    )
+    serve.add_argument(
+        "--notify-url",
+        type=_http_url,
+        default=os.environ.get(NOTIFY_URL_ENV) or None,
+        help=f"POST each budget threshold notification here too (or ${NOTIFY_URL_ENV}); "
+        "every one is printed on stdout",
     )
     serve.add_argument(
         "--rollup-interval",
@@ -114,7 +122,7 @@ def _run(ns: argparse.Namespace) -> int:
     if ns.command == "serve":
         return serve_command(
             ns.config, ns.host, ns.port, rollup=ns.rollup, rollup_interval_s=ns.rollup_interval,
-            admin_token=ns.admin_token,
+            admin_token=ns.admin_token, notify_url=ns.notify_url,
         )  # fmt: skip
     if ns.command == "admin":
         from hardcap_core.local.admin_command import admin_command
@@ -177,12 +185,15 @@ def embedded_aws_if_needed() -> LocalAws | None:
 
 
 def rollup_timer_if_possible(
-    config: Config, interval_s: float, config_path: str | None = None
-) -> RollupTimer | None:
+    config: Config, interval_s: float, config_path: str | None = None,
+    notify_url: str | None = None,
+) -> RollupTimer | None:  # fmt: skip
     """The rollup on a timer against the usage table the environment names, if it names one
     (with the live config joined to the file at ``config_path``, if a config table is named:
-    the tenants the admin API made are rolled up too)."""
+    the tenants the admin API made are rolled up too); it prints each budget threshold
+    notification, and POSTs it to ``notify_url`` if given."""
     from hardcap_core.local.aws import dynamodb_client
+    from hardcap_core.local.notify_local import LocalNotifier
     from hardcap_core.local.rollup_timer import RollupTimer
     from hardcap_core.rollup.table import UsageTable
 
@@ -194,7 +205,8 @@ def rollup_timer_if_possible(
 
     live = None if config_path is None else live_from_env(config_path)  # its own: another loop
     table = UsageTable(dynamodb_client(), name)
-    timer = RollupTimer(config, table, interval_s=interval_s, live=live)
+    notifier = LocalNotifier(notify_url)
+    timer = RollupTimer(config, table, interval_s=interval_s, live=live, notifier=notifier)
     print(f"hardcap: rolling usage up into table {name} every {interval_s:g} s", flush=True)
     return timer.start()
 
@@ -207,9 +219,11 @@ def serve_command(
     rollup: bool = True,
     rollup_interval_s: float = DEFAULT_INTERVAL_S,
     admin_token: str | None = None,
+    notify_url: str | None = None,
 ) -> int:
     """``hardcap serve``: the gateway under uvicorn until Ctrl-C or SIGTERM, with the rollup
-    on a timer unless ``rollup`` is false, and the admin API when ``admin_token`` is given."""
+    on a timer unless ``rollup`` is false (printing threshold notifications, and posting them
+    to ``notify_url``), and the admin API when ``admin_token`` is given."""
     import uvicorn
 
     from hardcap_core.config import load_config
@@ -234,7 +248,11 @@ def serve_command(
             if serve_admin(app, config_path, admin_table, admin_token):
                 print(f"hardcap: admin API at http://{host}:{port}/admin/v1 (config table "
                       f"{admin_table})", flush=True)  # fmt: skip
-        timer = rollup_timer_if_possible(config, rollup_interval_s, config_path) if rollup else None
+        timer = (
+            rollup_timer_if_possible(config, rollup_interval_s, config_path, notify_url)
+            if rollup
+            else None
+        )
         print(f"hardcap: serving {config_path} on http://{host}:{port}/v1", flush=True)
         # Returns after a graceful shutdown on Ctrl-C or SIGTERM: uvicorn raises the signal
         # again once it is done, and both handlers raise a KeyboardInterrupt, which it catches.
@@ -250,6 +268,12 @@ def serve_command(
 def _admin_token(text: str) -> str:
     if len(text) < 16:
         raise argparse.ArgumentTypeError("an admin token of at least 16 characters")
+    return text
+
+
+def _http_url(text: str) -> str:
+    if not text.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL")
     return text
 
 

@@ -110,6 +110,12 @@ class NotFound(GatewayError):
     code = "model_not_found"
 
 
+class LeaseNotFound(NotFound):
+    """404: the lease id names no live lease of the caller (another tenant's, closed, expired)."""
+
+    code = "lease_not_found"
+
+
 class MethodNotAllowed(GatewayError):
     status = 405
     type = "invalid_request_error"

@@ -29,7 +29,11 @@
 --                 cv: the config version the caller's copy of the config is at (absent: not
 --                     checked); KEYS[13] newer: nothing is reserved, the reply says 'config',
 --                 nr: 1 to append no usage record for a refusal (the caller asks again at
---                     once with a smaller input: a count in place of the bound)}
+--                     once with a smaller input: a count in place of the bound),
+--                 ag: 1 to answer 'grant' where a shared row's allowance is short (lib.lua,
+--                     limits_of) rather than refuse, queue or shrink,
+--                 L: a lease id (lib.lua: leases): the request is admitted against the lease
+--                    too, and draws its hold out of the lease's (absent: no lease)}
 --
 -- Units: tokens; money in integer nano-USD; times in epoch ms from the server's TIME.
 --
@@ -49,6 +53,9 @@
 --                                       guess was off and it may call again)
 -- Reply, windows:   {'windows', now_ms, spec...}  (an expired hold needs these windows named)
 -- Reply, restore:   {'hydrate', now_ms}  (the counters are not in place: restore, call again)
+-- Reply, grant:    {'grant', now_ms, row, need, ...}  (ag set: these shared rows' allowances lack
+--                    `need` for this request; nothing is reserved: get more, call again)
+-- Reply, no lease:  {'nolease', now_ms}  (ARGV L names no live lease of this tenant / user)
 -- Reply, reused id: {'settled', now_ms}  (this id was settled already; nothing changes)
 --                   {'expired', now_ms}  (this id expired and was charged; nothing changes)
 -- <budget state> = n, then n pairs (remaining, reset_ms) in the order of ARGV b
@@ -77,6 +84,11 @@
 -- A refused request changes nothing but the reclaiming of expired reservations (and its own
 -- ticket), and appends a usage record of the refusal (outcome busy, exceeded, never or rate);
 -- a 'queued' reply appends none (leave.lua records the refusal of a waiter that gives up).
+-- Under a lease (L; lib.lua: leases) the lease is one more level: its envelope less what it
+-- spent and holds caps the output (refused 'busy' while its own holds leave less than `mo`,
+-- 'exceeded' once spent, 'never' when the input and `mo` exceed the whole envelope); on each
+-- budget the lease's hold counts as room, and the request's hold is drawn out of it first (only
+-- the rest is added to the reserved hash). Rate limits apply as to any request.
 -- Admitting an id that is already held is a replay (a client retry after a lost reply): it
 -- answers 'ok' with the existing reservation and reserves nothing more.
 
@@ -104,6 +116,13 @@ if held then
   append_budget_state(reply, spec.b, spec.w, used, reserved, now)
   table.insert(reply, 0)
   return reply
+end
+
+local lease = nil
+if spec.L then
+  local m = spec.m or {}
+  lease = lease_get(spec.L, now)
+  if not lease or not lease_owned(lease, m.tn, m.us) then return {'nolease', now} end
 end
 
 local est_in, est_out, min_out = spec.i, spec.o, spec.mo
@@ -162,6 +181,7 @@ for _, r in ipairs(spec.r) do
 end
 
 local used, reserved = read_counts(used_keys, spec.b)
+local cap = limits_of(used_keys, spec.b)
 
 local function budget_reply(kind, what, retry)
   if not spec.nr then append_record('r', rid, spec.m, {oc = kind, n = 1, t0 = now}) end
@@ -175,6 +195,18 @@ if refusal then
   redis.call('ZREM', KEYS[11], rid)  -- a waiter refused by a rate limit leaves the queue
   redis.call('ZREM', KEYS[12], rid)
   return budget_reply(refusal[1], refusal[2], refusal[3])
+end
+
+if spec.ag then
+  local short = {'grant', now}
+  for i, b in ipairs(spec.b) do
+    local need = b[5] and used[i] + reserved[i] + amount(b[2], est_in, est_out, pin, pout) - cap[i]
+    if need and need > 0 then
+      short[#short + 1] = i
+      short[#short + 1] = need
+    end
+  end
+  if #short > 2 then return short end
 end
 
 -- The queue: tickets whose waiters stopped renewing them lapse; then how many wait ahead of this id.
@@ -209,10 +241,10 @@ local headroom = spec.hr or 0
 local fit, fit_room, fit_idle = huge, huge, huge
 local tight, tight_idle = nil, 1
 for i, b in ipairs(spec.b) do
-  local dim, limit = b[2], b[3]
+  local dim, limit = b[2], cap[i]
   local fixed = amount(dim, est_in, 0, pin, pout)
   local per = per_output(dim, pout)
-  local free = limit - used[i] - reserved[i] - fixed
+  local free = limit - used[i] - reserved[i] - fixed + (lease and lease.h[b[1]] or 0)
   local idle = limit - used[i] - fixed
   local f, fr, fi
   if per == 0 then
@@ -252,6 +284,23 @@ local function wait()
     return reply
   end
   return budget_reply('busy', spec.b[tight][1], 1000)
+end
+
+-- A lease: the envelope is one more level. Its output room caps the estimate; a request that
+-- fits once the lease's holds in flight settle waits, one that never fits it is refused.
+if lease then
+  local room, idle, what = lease_room(lease, est_in, pin, pout)
+  if idle < min_out then
+    leave_queue()
+    local whole = lease_room({id = lease.id, et = lease.et, eu = lease.eu, ut = 0, uu = 0,
+                              rt = 0, ru = 0}, est_in, pin, pout)
+    if whole < min_out then return budget_reply('never', what, 0) end
+    return budget_reply('exceeded', what, lease.e - now)
+  elseif room < min_out then
+    leave_queue()  -- the lease's own holds stand in the way, not the tenant's queue
+    return budget_reply('busy', what, 1000)
+  end
+  est_out = math.min(est_out, room)
 end
 
 local out
@@ -308,18 +357,26 @@ for _, st in ipairs(rates) do
 end
 if #rates > 0 then keep_alive(ttl + 2 * minute, KEYS[K_RL]) end
 
-local fields, dims = {}, {}
+local fields, dims, drawn = {}, {}, {}
 for i, b in ipairs(spec.b) do
   local a = amount(b[2], est_in, out, pin, pout)
-  if a ~= 0 then redis.call('HINCRBY', KEYS[K_RESERVED], b[1], a) end
-  reserved[i] = reserved[i] + a
+  local c = lease and lease_draw(lease, b[1], a) or 0  -- already in K_RESERVED, as the lease's
+  if c > 0 then drawn[b[1]] = c end
+  if a - c ~= 0 then redis.call('HINCRBY', KEYS[K_RESERVED], b[1], a - c) end
+  reserved[i] = reserved[i] + a - c
   fields[i], dims[i] = b[1], b[2]
+end
+if lease then
+  lease.rt = lease.rt + take
+  lease.ru = lease.ru + amount('usd', est_in, out, pin, pout)
+  lease_save(lease)
 end
 local levels = spec.lv or {}
 for _, tag in ipairs(levels) do redis.call('HINCRBY', KEYS[K_LIVE], tag, 1) end
 local rec = {f = fields, d = dims, i = est_in, o = out, pi = pin, po = pout,
              r = tpm_levels, m = spec.m, lv = levels,
              x = (spec.x == 1) and 1 or 0, t = now}
+if lease then rec.L, rec.lc = lease.id, drawn end
 redis.call('HSET', KEYS[K_RES], rid, cjson.encode(rec))
 redis.call('ZADD', KEYS[K_EXP], now + ttl, rid)
 keep_alive(ttl + minute, KEYS[K_RESERVED], KEYS[K_RES], KEYS[K_EXP], KEYS[K_LIVE])

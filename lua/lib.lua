@@ -6,7 +6,8 @@
 -- Conventions used by every ledger script:
 --   * time comes from the server: now_ms() reads TIME, never a client clock;
 --   * tokens are integers, money is integer nano-USD;
---   * a budget spec row is {field, dim, limit, used_key_index}; dim is 'in' | 'out' | 'tot' | 'usd';
+--   * a budget spec row is {field, dim, limit, used_key_index[, 1: shared (limits_of)]}; dim is
+--     'in' | 'out' | 'tot' | 'usd' | 'req' (requests, for a shared limit's requests per minute);
 --     a field is '<level tag>:<dim>:<window spec>', so its window spec is its last part;
 --   * a window row is {start_ms, end_ms, window spec} of the window the client computed for each
 --     used key; the rows past the scope's own are windows only reclaim needs (see reclaim);
@@ -27,7 +28,9 @@ local K_RESTORED = 9    -- hc:{root}:restored    string  set once the counters w
 -- A reservation record (K_RES): {f: fields, d: dims, i: input, o: output held, pi/po: prices,
 --   r: [[level tag, tpm, tokens its window holds]...] (see tpm_release), m: meta,
 --   lv: level tags,
---   x: 1 to be charged (not refunded) when it expires, t: admitted at, ms}
+--   x: 1 to be charged (not refunded) when it expires, t: admitted at, ms,
+--   L: the lease it draws from and lc: {field -> what it drew from the lease's hold}, only
+--   under a lease}; K_RES also holds the leases, as 'L:<id>' (see leases below)
 -- Meta (m): {rt: route, md: upstream model, k: key id, rq: request id, tn: tenant, og: org,
 --   pv: upstream (provider) name, us: the user level's id (tenant~user), only when the request
 --   has a user}: what a usage record says about who spent and where.
@@ -35,7 +38,8 @@ local K_RESTORED = 9    -- hc:{root}:restored    string  set once the counters w
 --   or 3 with a user; see append_record): est (1: the amounts are an estimate), n (requests it
 --   counts), in, out, rs (reasoning), ci (cached input), usd (nUSD), t0 (admitted at, ms), then
 --   kind (s settle, x expiry charge, r refusal), rid, tn, org, k, rt, md, pv, rq, oc (outcome)
---   and, in format 3 only, us; amounts are what the record adds to spend.
+--   and, in format 3, us (format 4: us, '' if none, then ls, the lease); amounts are what the
+--   record adds to spend.
 -- An expiry record (K_EXPIRED): {c: [[field, dim, used key]...] charged, i, o, pi, po: the counts
 --   and prices charged, r: the tpm levels (as the reservation's, their holds counted as ended
 --   at expiry), m: meta, e: 1 (an estimate: the provider's count never
@@ -59,6 +63,7 @@ local function amount(dim, inp, out, pin, pout)
   if dim == 'in' then return inp end
   if dim == 'out' then return out end
   if dim == 'tot' then return inp + out end
+  if dim == 'req' then return 1 end  -- requests: a shared limit's requests per minute
   return inp * pin + out * pout
 end
 
@@ -110,6 +115,7 @@ end
 -- fields took the XADD from 4.8 to 8.7 µs of server time, measured on this 2-core VM.)
 -- Format 3 is format 2 with the user (m.us) as an 11th string, written only when there is one:
 -- a deploy without users writes format 2 exactly, which a rollup of the release before reads.
+-- Format 4 is format 3 with the lease (m.ls) as a 12th string, written only under a lease.
 local function append_record(kind, rid, m, c)
   m = m or {}
   local strings = {kind, rid, m.tn or '', m.og or '', m.k or '', m.rt or '', m.md or '',
@@ -118,6 +124,10 @@ local function append_record(kind, rid, m, c)
   if m.us and m.us ~= '' then
     version = 3
     strings[11] = m.us
+  end
+  if m.ls and m.ls ~= '' then  -- format 4: the lease as a 12th string (the user '' if none)
+    version = 4
+    strings[11], strings[12] = m.us or '', m.ls
   end
   local r = string.format('%d,%d,%d,%d,%d,%d,%d,%d,%d,', version, c.est or 0, c.n or 1,
     c.i or 0, c.o or 0, c.rs or 0, c.ci or 0, c.usd or 0, c.t0 or 0) .. cjson.encode(strings)
@@ -299,7 +309,8 @@ local function charge_expired(rid, rec, by, now, memory)
     charge(w[1], w[2], f, amount(rec.d[i], rec.i, rec.o, rec.pi, rec.po))
     rows[i] = {f, rec.d[i], w[1]}
   end
-  local x = {c = rows, i = rec.i, o = rec.o, pi = rec.pi, po = rec.po, r = rec.r, m = rec.m, e = 1}
+  local x = {c = rows, i = rec.i, o = rec.o, pi = rec.pi, po = rec.po, r = rec.r, m = rec.m, e = 1,
+             L = rec.L}
   redis.call('HSET', KEYS[K_EXPIRED], rid, cjson.encode(x))
   append_record('x', rid, rec.m, {oc = 'expired', est = 1, n = 1, i = rec.i, o = rec.o,
                                   usd = amount('usd', rec.i, rec.o, rec.pi, rec.po), t0 = rec.t})
@@ -314,6 +325,117 @@ local function forget_expired(now)
     redis.call('HDEL', KEYS[K_EXPIRED], rid)
     redis.call('ZREM', KEYS[K_EXPIRED_AT], rid)
   end
+end
+
+-- Leases (lease_open.lua, lease_close.lua): a hold of an envelope (tokens and/or nUSD) on a
+-- scope's budgets, kept in K_RES as 'L:<id>' with its expiry in K_EXP, so that reclaim ends it
+-- like an expired hold. A lease record: {lease: 1, id, e: expires at, t: opened at,
+--   et/eu: the envelope in tokens / nUSD (absent: that dimension is not limited),
+--   ut/uu: spent (charged by settles of its requests and ended sub-leases),
+--   rt/ru: held by its live requests and sub-leases,
+--   h: {field -> what the lease holds now on that budget field (counted in K_RESERVED)},
+--   a: {field -> what it held when opened}, c: {field -> the part of a drawn from its parent},
+--   p: parent lease id, dp: depth (1: opened on the scope), tn/us: owner (tenant, user)}.
+-- Invariant: K_RESERVED[f] = sum of live requests' holds on f + sum of live leases' h[f]. A
+-- request under a lease takes min(its amount, h[f]) out of h[f] (so the hierarchy does not
+-- count it twice) and adds only the rest to K_RESERVED; its settle returns to h[f] what it
+-- drew and did not spend (while the lease lives; a dead lease gets nothing back).
+local LEASE = 'L:'
+
+local function lease_get(id, now)
+  if not id or id == '' then return nil end
+  local raw = redis.call('HGET', KEYS[K_RES], LEASE .. id)
+  if not raw then return nil end
+  local l = cjson.decode(raw)
+  if l.e <= now then return nil end  -- expired: ended by the next reclaim
+  return l
+end
+
+local function lease_save(l)
+  redis.call('HSET', KEYS[K_RES], LEASE .. l.id, cjson.encode(l))
+end
+
+-- Whether a caller (tenant `tn`, user `us` or '') may use lease `l`.
+local function lease_owned(l, tn, us)
+  return l.tn == (tn or '') and (l.us == nil or l.us == '' or l.us == (us or ''))
+end
+
+-- Output tokens that fit in lease `l` for a request of `inp` input tokens at these prices:
+-- now (beside its live holds), if nothing were held, and the dimension that binds
+-- ('l:<id>:tokens' or 'l:<id>:usd'). -1 when even no output fits.
+local function lease_room(l, inp, pin, pout)
+  local huge = 2 ^ 53
+  local room, idle, what = huge, huge, nil
+  local function fit(limit, spent, held, fixed, per, dim)
+    local f, i
+    if per == 0 then
+      f = (limit - spent - held - fixed >= 0) and huge or -1
+      i = (limit - spent - fixed >= 0) and huge or -1
+    else
+      f = math.floor((limit - spent - held - fixed) / per)
+      i = math.floor((limit - spent - fixed) / per)
+    end
+    if f < room or not what then what = 'l:' .. l.id .. ':' .. dim end
+    room, idle = math.min(room, f), math.min(idle, i)
+  end
+  if l.et then fit(l.et, l.ut, l.rt, inp, 1, 'tokens') end
+  if l.eu then fit(l.eu, l.uu, l.ru, inp * pin, pout, 'usd') end
+  return room, idle, what or ('l:' .. l.id .. ':tokens')
+end
+
+-- Take up to `a` of budget field `f` out of lease `l`'s hold; returns what it took.
+local function lease_draw(l, f, a)
+  local h = l.h[f] or 0
+  local c = math.min(a, h)
+  if c <= 0 then return 0 end
+  l.h[f] = h - c
+  return c
+end
+
+-- A request under a lease ended (settled, or reclaimed at expiry) having spent `inp` input,
+-- `out` output tokens and `cost` nUSD: each budget field gets back into the lease's hold what
+-- the request drew from it and did not spend (spend draws from the lease's part first), and
+-- the lease counts the spend and drops the request's hold. Nothing when the lease is gone.
+local function lease_return(rec, inp, out, cost, now)
+  local l = lease_get(rec.L, now)
+  if not l then return end
+  for i, f in ipairs(rec.f) do
+    local c = (rec.lc or {})[f] or 0
+    if c > 0 then
+      local spent = (rec.d[i] == 'usd') and cost or amount(rec.d[i], inp, out, 0, 0)
+      local back = math.max(c - spent, 0)
+      if back > 0 then
+        redis.call('HINCRBY', KEYS[K_RESERVED], f, back)
+        l.h[f] = (l.h[f] or 0) + back
+      end
+    end
+  end
+  l.rt = math.max(l.rt - rec.i - rec.o, 0)
+  l.ru = math.max(l.ru - amount('usd', rec.i, rec.o, rec.pi, rec.po), 0)
+  l.ut, l.uu = l.ut + inp + out, l.uu + cost
+  lease_save(l)
+end
+
+-- End lease `l` (closed, or reclaimed at expiry): its hold leaves K_RESERVED, except the part
+-- of what it drew from a live parent that it did not use, which goes back into the parent's
+-- hold. At the parent's level the sub-lease's spend and its requests' live holds count as spent
+-- (those requests' settles find their lease gone and return nothing to either).
+local function lease_end(l, now)
+  local p = l.p and lease_get(l.p, now)
+  for f, h in pairs(l.h) do
+    local back = 0
+    if p then back = math.min(math.max((l.c[f] or 0) - ((l.a[f] or 0) - h), 0), h) end
+    if h - back ~= 0 then redis.call('HINCRBY', KEYS[K_RESERVED], f, back - h) end
+    if back > 0 then p.h[f] = (p.h[f] or 0) + back end
+  end
+  if p then
+    p.rt = math.max(p.rt - (l.et or 0), 0)
+    p.ru = math.max(p.ru - (l.eu or 0), 0)
+    p.ut, p.uu = p.ut + l.ut + l.rt, p.uu + l.uu + l.ru
+    lease_save(p)
+  end
+  redis.call('HDEL', KEYS[K_RES], LEASE .. l.id)
+  redis.call('ZREM', KEYS[K_EXP], LEASE .. l.id)
 end
 
 -- Settle expired reservations, earliest first, at most a batch per call so one call never
@@ -349,10 +471,17 @@ local function reclaim(now, spec, used_keys)
     if missing then return missing end
     for i, rid in ipairs(expired) do
       local rec = recs[i]
-      if rec then
+      if rec and rec.lease then
+        lease_end(rec, now)  -- an expired lease: its unspent hold goes back
+      elseif rec then
         release(rec)
         tpm_release(rec.r, rec.i + rec.o, now)
         if rec.x == 1 then charge_expired(rid, rec, by, now, spec.xm) end
+        if rec.L then
+          local charged = rec.x == 1
+          lease_return(rec, charged and rec.i or 0, charged and rec.o or 0,
+                       charged and amount('usd', rec.i, rec.o, rec.pi, rec.po) or 0, now)
+        end
         redis.call('HDEL', KEYS[K_RES], rid)
       end
       redis.call('ZREM', KEYS[K_EXP], rid)
@@ -377,6 +506,19 @@ local function read_counts(used_keys, budgets)
     reserved[i] = tonumber(redis.call('HGET', KEYS[K_RESERVED], b[1]) or '0')
   end
   return used, reserved
+end
+
+-- Each budget row's limit here. A row of a limit that spans tenants (a route's or an
+-- upstream's; b[5] = 1; hardcap_core/ledger/allowances.py) is checked against this hierarchy's
+-- allowance of it, which allowance_credit.lua keeps in the row's used key as '<field>:a' (so it
+-- ends with its window); b[3], its whole limit, only decides 'never'.
+local function limits_of(used_keys, budgets)
+  local caps = {}
+  for i, b in ipairs(budgets) do
+    caps[i] = b[3]
+    if b[5] then caps[i] = tonumber(redis.call('HGET', used_keys[b[4]], b[1] .. ':a') or '0') end
+  end
+  return caps
 end
 
 -- Append, for each budget, remaining (limit - used - reserved, may be negative) and ms to reset.

@@ -37,7 +37,8 @@
 -- request). Usage is charged to the window current at settle time. Each tokens-per-minute window
 -- drops the hold and counts the real input + output as ended now (lib.lua, tpm_release; after an
 -- expiry, which counted the hold, only what the real count adds beyond it). Settle does not
--- reclaim others.
+-- reclaim others. A request under a lease (lib.lua: leases) gives back to the lease, while it
+-- lives, what it drew from the lease's hold and did not spend; a lease that ended gets nothing.
 
 local rid, inp, out, remember = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local spec = cjson.decode(ARGV[5])
@@ -49,6 +50,7 @@ if redis.call('EXISTS', KEYS[10]) == 1 then return {'dup', now} end
 local had, charged_at_expiry = 0, 0
 local t0, xi, xo, xusd = 0, 0, 0, 0  -- admitted at; what an expiry charged
 local before = {}  -- budget field -> {amount expiry charged, used key it went to}
+local under, late = nil, nil  -- a lease's request: its record, or its lease after an expiry
 local raw = redis.call('HGET', KEYS[K_RES], rid)
 if raw then
   had = 1
@@ -58,6 +60,7 @@ if raw then
   redis.call('HDEL', KEYS[K_RES], rid)
   redis.call('ZREM', KEYS[K_EXP], rid)
   tpm_release(rec.r, inp + out, now)
+  under = rec.L and rec
 else
   local xraw = redis.call('HGET', KEYS[K_EXPIRED], rid)
   if xraw then
@@ -68,12 +71,21 @@ else
       before[row[1]] = {amount(row[2], x.i, x.o, x.pi, x.po), row[3]}
     end
     tpm_late(x.r, inp + out - x.i - x.o, now)
+    late = x.L
     redis.call('HDEL', KEYS[K_EXPIRED], rid)
     redis.call('ZREM', KEYS[K_EXPIRED_AT], rid)
   end
 end
 
 local cost = spec.c or amount('usd', inp, out, spec.pi, spec.po)
+-- Under a lease: what it drew and did not spend goes back to the lease (lib.lua: leases);
+-- after an expiry charge the lease counts what the real usage adds beyond it.
+if under then lease_return(under, inp, out, cost, now) end
+local ll = late and lease_get(late, now)
+if ll then
+  ll.ut, ll.uu = ll.ut + inp + out - xi - xo, ll.uu + cost - xusd
+  lease_save(ll)
+end
 local used_keys = used_keys_from(11)
 for _, b in ipairs(spec.b) do
   local key = used_keys[b[4]]

@@ -6,7 +6,7 @@ here imports pydantic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
 from typing import Any, Literal
@@ -31,6 +31,7 @@ from hardcap_core.config.settings import (
     GatewaySettings,
     UnseenOutput,
 )
+from hardcap_core.ledger.allowances import SharedBudget, SharedLimits
 
 DEFAULT_BREAKER = BreakerSettings()
 
@@ -64,6 +65,8 @@ class Upstream:
     kind: str = "openai"  # openai | anthropic | bedrock: which provider speaks to it
     region: str | None = None  # bedrock only
     breaker: BreakerSettings = DEFAULT_BREAKER
+    # Its budgets and per-minute rates over every tenant (ledger/allowances.py).
+    shared: tuple[SharedBudget, ...] = ()
 
     def api_key(self) -> str | None:
         """The API key, or None if none is configured; values from AWS are cached for minutes."""
@@ -92,6 +95,8 @@ class Route:
     tokenizer: str = "bound"
     exact_count: str = "when_needed"
     count_api: bool = False
+    # Its own limits over every tenant, then its upstream's; None: neither has any.
+    shared: SharedLimits | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,12 +107,16 @@ class UserTemplate:
     budgets: tuple[tuple[Dimension, int, Window], ...] = ()
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
+    notify_at: tuple[tuple[int, ...], ...] = ()  # per budget, in order; none: the default
 
     def scope(self, base: Scope, user: Level) -> Scope:
         """``base`` with ``user`` joined just below its tenant (key -> user -> tenant -> org)."""
         at = next((i for i, lv in enumerate(base.levels) if lv.kind is LevelKind.TENANT), 0)
         levels = (*base.levels[:at], user, *base.levels[at:])
-        budgets = (*base.budgets, *(Budget(user, d, limit, w) for d, limit, w in self.budgets))
+        own = (Budget(user, d, limit, w) for d, limit, w in self.budgets)
+        if self.notify_at:
+            own = (replace(b, notify_at=n) for b, n in zip(own, self.notify_at, strict=True))
+        budgets = (*base.budgets, *own)
         rates = base.rate_limits
         if self.requests_per_minute is not None or self.tokens_per_minute is not None:
             rates = (*rates, RateLimit(user, self.requests_per_minute, self.tokens_per_minute))

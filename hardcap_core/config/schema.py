@@ -16,7 +16,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from hardcap_core.auth import is_key_hash
-from hardcap_core.budgets import ID_PATTERN, NANO_USD_PER_USD, Budget, Dimension, Level, Window
+from hardcap_core.budgets import (
+    DEFAULT_NOTIFY_AT,
+    ID_PATTERN,
+    NANO_USD_PER_USD,
+    Budget,
+    Dimension,
+    Level,
+    Window,
+)
 from hardcap_core.config.secrets import KeySource, KeySourceKind
 
 # BreakerSettings and check_redis_url re-exported: they were defined here (ledger/breakers.py).
@@ -79,6 +87,8 @@ class GatewayConfig(_Model):
     log_prompts: bool = False
     queue_wait_seconds: NonNegFloat = 5.0
     extend_headroom_tokens: NonNegInt = 48
+    lease_max_depth: PosInt = 4
+    lease_max_ttl_seconds: PosFloat = 86_400.0
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
 
     @field_validator("redis_url")
@@ -103,6 +113,15 @@ class UpstreamConfig(_Model):
     api_key_parameter: NonEmpty | None = None
     timeout_seconds: PosFloat | None = None
     breaker: BreakerConfig | None = None  # default: the gateway's `breaker`
+    # The org's own account with the provider, over every tenant and route on it: budgets and
+    # per-minute rates (set them at 85-90% of the vendor's limits, so the gateway refuses first).
+    budgets: list[BudgetConfig] = []
+    rate_limits: RateLimitConfig | None = None
+
+    @field_validator("budgets")
+    @classmethod
+    def _budgets(cls, v: list[BudgetConfig]) -> list[BudgetConfig]:
+        return distinct_budgets(v)
 
     @field_validator("base_url")
     @classmethod
@@ -278,6 +297,14 @@ class RouteConfig(_Model):
     # tokenizer anthropic on an anthropic upstream: ask its count_tokens endpoint (a short
     # timeout; the calibrated bound when it does not answer in time).
     count_api: bool = False
+    # Limits on this route over every tenant (checked with each tenant's own in one admit).
+    budgets: list[BudgetConfig] = []
+    rate_limits: RateLimitConfig | None = None
+
+    @field_validator("budgets")
+    @classmethod
+    def _budgets(cls, v: list[BudgetConfig]) -> list[BudgetConfig]:
+        return distinct_budgets(v)
 
     def unseen(self) -> UnseenOutput:
         """``unseen_output``, or the default of the model's family."""
@@ -303,6 +330,16 @@ class BudgetConfig(_Model):
     dimension: Dimension
     limit: Annotated[Decimal, Field(ge=0)]
     window: str
+    # Percent of the limit at which the rollup notifies, once per window; [] notifies never.
+    # Past 100: a policy that lets spend run over the limit (allow, count_after) can cross it.
+    notify_at: list[Annotated[int, Field(ge=1, le=1000)]] = list(DEFAULT_NOTIFY_AT)
+
+    @field_validator("notify_at")
+    @classmethod
+    def _notify_at(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"each threshold once, not {v}")
+        return sorted(v)
 
     @field_validator("limit")
     @classmethod
@@ -326,7 +363,20 @@ class BudgetConfig(_Model):
         """The budget at ``level``; cost limits go from USD to nano-USD, rounded down."""
         scale = NANO_USD_PER_USD if self.dimension == Dimension.COST_USD else 1
         limit = int((self.limit * scale).to_integral_value(ROUND_FLOOR))
-        return Budget(level, self.dimension, limit, Window.parse(self.window))
+        window = Window.parse(self.window)
+        return Budget(level, self.dimension, limit, window, tuple(self.notify_at))
+
+
+def distinct_budgets(budgets: list[BudgetConfig]) -> list[BudgetConfig]:
+    """A route's or upstream's budgets, each dimension at most once per window (two would be
+    one counter)."""
+    seen: set[tuple[str, str]] = set()
+    for b in budgets:
+        at = (str(b.dimension), Window.parse(b.window).spec)
+        if at in seen:
+            raise ValueError(f"two {b.dimension} budgets over the window {b.window!r}")
+        seen.add(at)
+    return budgets
 
 
 class RateLimitConfig(_Model):

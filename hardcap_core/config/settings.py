@@ -73,6 +73,9 @@ class GatewaySettings:
     queue_wait_seconds: float = 5.0
     # Output tokens per stream in flight that a budget keeps free for those streams' extends.
     extend_headroom_tokens: int = 48
+    # Leases (POST /v1/hardcap/leases): how deep sub-leases nest (1: none), the longest TTL.
+    lease_max_depth: int = 4
+    lease_max_ttl_seconds: float = 86_400.0
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
 
 

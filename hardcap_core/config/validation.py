@@ -33,14 +33,18 @@ from hardcap_core.budgets import (
 )
 from hardcap_core.config.model import Config, Policy, Principal, Route, Upstream, UserTemplate
 from hardcap_core.config.schema import (
+    BudgetConfig,
     ConfigFile,
     IssuerConfig,
     LevelConfig,
     PriceConfig,
+    RateLimitConfig,
+    RouteConfig,
     UsersConfig,
 )
 from hardcap_core.config.settings import GatewaySettings, env_overrides
 from hardcap_core.errors import ConfigError
+from hardcap_core.ledger.allowances import SharedBudget, SharedKind, SharedLimits, shared_budgets
 
 
 def parse_config(
@@ -72,6 +76,7 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
         upstreams[u.name] = Upstream(
             u.name, u.base_url or "", timeout, src[0] if src else None, u.kind, u.region,
             u.breaker.settings() if u.breaker else gateway.breaker,
+            shared=_shared("upstream", u.name, u.budgets, u.rate_limits),
         )  # fmt: skip
     routes: dict[str, Route] = {}
     for r in file.routes:
@@ -82,6 +87,7 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
             r.max_output_tokens, r.min_output_reservation, tuple(r.fallbacks),
             r.queue_wait_seconds, unseen_output=r.unseen(), max_pdf_pages=r.max_pdf_pages,
             tokenizer=r.counted_by(), exact_count=r.exact_count, count_api=r.count_api,
+            shared=_route_shared(r, upstreams[r.upstream]),
         )  # fmt: skip
     orgs = {o.id: o for o in file.orgs}
     by_hash: dict[str, Principal] = {}
@@ -113,6 +119,23 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
     )  # fmt: skip
 
 
+def _shared(
+    kind: SharedKind, name: str, budgets: list[BudgetConfig], rates: RateLimitConfig | None
+) -> tuple[SharedBudget, ...]:
+    """A route's or upstream's limits over every tenant (ledger/allowances.py)."""
+    probe = Level(LevelKind.TENANT, "t")  # Budget.build's units, without a level of its own
+    rows = [(x.dimension, x.limit, x.window) for x in (b.build(probe) for b in budgets)]
+    rpm = rates.requests_per_minute if rates else None
+    tpm = rates.tokens_per_minute if rates else None
+    return shared_budgets(kind, name, rows, rpm, tpm)
+
+
+def _route_shared(r: RouteConfig, upstream: Upstream) -> SharedLimits | None:
+    """The route's own limits, then its upstream's; None when neither has any."""
+    rows = _shared("route", r.name, r.budgets, r.rate_limits) + upstream.shared
+    return SharedLimits(rows) if rows else None
+
+
 def _users(users: UsersConfig | None) -> UserTemplate | None:
     if users is None:
         return None
@@ -121,10 +144,11 @@ def _users(users: UsersConfig | None) -> UserTemplate | None:
         (built.dimension, built.limit, built.window)
         for built in (b.build(probe) for b in users.budgets)
     )
+    notify_at = tuple(tuple(b.notify_at) for b in users.budgets)
     r = users.rate_limits
     if r is None:
-        return UserTemplate(budgets)
-    return UserTemplate(budgets, r.requests_per_minute, r.tokens_per_minute)
+        return UserTemplate(budgets, notify_at=notify_at)
+    return UserTemplate(budgets, r.requests_per_minute, r.tokens_per_minute, notify_at)
 
 
 def _issuer(n: int, i: IssuerConfig) -> Any:

@@ -70,9 +70,10 @@ def retry_headers(retry_after_ms: int) -> dict[str, str]:
 
 def refusal(r: Refused, wire: WireFormat) -> TooManyRequests:
     headers = wire.budget_headers(r.budgets, r.rates, r.server_time_ms)
-    if r.never_fits:
-        # Larger than the whole budget: no wait helps, so no Retry-After, and the official
-        # SDKs are told not to retry (for a 429 without one they would back off and retry).
+    if r.never_fits or (r.lease and r.reason is Refusal.EXCEEDED):
+        # Larger than the whole budget, or a lease spent (it never refills): no wait helps, so
+        # no Retry-After, and the official SDKs are told not to retry (for a 429 without one
+        # they would back off and retry).
         headers["x-should-retry"] = "false"
     else:
         # busy: the holds in flight settle within about a second (retry_after_ms is 1000).

@@ -40,10 +40,12 @@ from hardcap_core.errors import (
     Overloaded,
     ServiceUnavailable,
 )
+from hardcap_core.gateway.leases import lease, open_lease
 from hardcap_core.gateway.loop_lag import LoopLag, on_lambda
 from hardcap_core.gateway.meter import SettleFallback
 from hardcap_core.gateway.metrics import record_request
 from hardcap_core.gateway.pipeline import Gateway
+from hardcap_core.gateway.quote import quote as quote_request
 from hardcap_core.gateway.request_id import RequestIdMiddleware, request_id
 from hardcap_core.gateway.shed import SHED_OUTCOME, Shedder
 from hardcap_core.ledger import Ledger
@@ -249,6 +251,12 @@ def create_app(
     async def usage(gw: Gateway, request: Request, who: Principal, wire: WireFormat) -> Response:
         return await gw.usage(who, wire)
 
+    async def quote(gw: Gateway, request: Request, who: Principal, wire: WireFormat) -> Response:
+        """What a request would cost and whether it would be admitted now (gateway/quote.py):
+        authenticated and parsed like a chat request; calls no upstream, reserves nothing."""
+        body = await quote_request(gw, await gw.read_body(request), who, wire.parse)
+        return JSONResponse(body, headers=await gw.headers_for(who, wire))
+
     async def models(gw: Gateway, request: Request, who: Principal, wire: WireFormat) -> Response:
         return await gw.models(who, wire)
 
@@ -293,6 +301,12 @@ def create_app(
             Route("/v1/messages/count_tokens", endpoint(count_tokens, ANTHROPIC), methods=["POST"]),
             Route("/v1/models", endpoint(models, OPENAI), methods=["GET"]),
             Route("/v1/hardcap/usage", endpoint(usage, OPENAI), methods=["GET"]),
+            Route("/v1/hardcap/leases", endpoint(open_lease, OPENAI), methods=["POST"]),
+            Route(
+                "/v1/hardcap/leases/{lease_id}", endpoint(lease, OPENAI), methods=["GET", "DELETE"]
+            ),
+            Route("/v1/hardcap/quote", endpoint(quote, OPENAI), methods=["POST"]),
+            Route("/v1/messages/quote", endpoint(quote, ANTHROPIC), methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             *snapstart_routes(runtime),
         ],

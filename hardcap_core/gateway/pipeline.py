@@ -60,6 +60,7 @@ from hardcap_core.ledger.estimators import (
     MaxTokensEstimator,
     SharedP95Estimator,
 )
+from hardcap_core.ledger.leases import LEASE_HEADER
 from hardcap_core.logs import logger
 from hardcap_core.outcome import Outcome
 from hardcap_core.providers.base import Provider
@@ -164,6 +165,7 @@ class Gateway:
             meta = ReservationMeta(
                 route.name, route.model, principal.key_id, request_id, principal.tenant_id,
                 principal.org_id or "", route.upstream.name, principal.user,
+                request.headers.get(LEASE_HEADER, ""),  # drawn from that lease (leases.py)
             )  # fmt: skip
             try:
                 admission = await self._admit(
@@ -312,7 +314,8 @@ class Gateway:
                 min_output=least,
                 prices=held,
                 reservation_id=rid,
-                fail_open=principal.fail_mode == "open",
+                # No lease without the budget server: a request under one fails closed.
+                fail_open=principal.fail_mode == "open" and not meta.lease,
                 meta=meta,
                 # A hold whose settle never comes (the instance died) is charged, not
                 # refunded: it is the gateway's own upper estimate of what was generated.
@@ -322,6 +325,7 @@ class Gateway:
                 headroom=g.extend_headroom_tokens,
                 config_version=None if self.live is None else self.live.version,
                 record_refusal=record_refusal,
+                shared=route.shared,  # the route's and its upstream's limits over every tenant
             )
 
         wait_s = principal.queue_wait_s(route, g.queue_wait_seconds)
@@ -421,11 +425,11 @@ class Gateway:
         meter.received_whole(completion.tokens if reported else max(completion.tokens, cap))
         await meter.settle(Outcome.COMPLETED, usage)
         same = self._same_dialect(route, wire)
-        charged = Charged(meter.charged_input, meter.charged_output, usage)
+        charged = Charged(meter.charged_input, meter.charged_output, usage, meter.charged_cost)
         body = wire.reply(completion, model=route.name, same_dialect=same, charged=charged)
         if self.config.gateway.log_prompts:
             logger.info("completion", extra={"route": route.name, "reply": body})
-        headers = admission.headers
+        headers = {**admission.headers, **charged.headers()}
         if meter.final_budgets:
             headers = {**headers, **wire.budget_headers(meter.final_budgets, (), _now_ms())}
         return Response(json_codec.dumps(body), media_type="application/json", headers=headers)

@@ -119,7 +119,10 @@ class Relay:
             return b""
         meter = self.meter
         usage = self._usage if outcome is Outcome.COMPLETED else None
-        charged = Charged(meter.charged_input, meter.charged_output, usage)
+        charged = Charged(
+            meter.charged_input, meter.charged_output, usage, meter.charged_cost,
+            estimate=outcome.cut and meter.final is None,  # as the usage record's `est`
+        )  # fmt: skip
         return self.encoder.close(cut=outcome.cut, charged=charged)
 
     async def _stop_keep_alive(self) -> None:

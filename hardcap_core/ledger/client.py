@@ -27,9 +27,10 @@ from typing import Any, Literal
 
 from hardcap_core.budgets import Prices, Scope
 from hardcap_core.errors import LedgerProtocolError, LedgerUnavailable
+from hardcap_core.ledger.allowances import Allowances, SharedBudget, SharedLimits
 from hardcap_core.ledger.connection import SOCKET_TIMEOUT_S, guarded
 from hardcap_core.ledger.keys import Keyspace, window_of_spec
-from hardcap_core.ledger.plan import Plans, ScopePlan, dumps
+from hardcap_core.ledger.plan import Plans, ScopePlan, dumps, shared_rows, shared_windows
 from hardcap_core.ledger.replies import (
     NO_META,
     AdmitResult,
@@ -90,6 +91,8 @@ class Ledger:
         self.scripts = Scripts.register(client)
         self.keys = Keyspace(prefix)
         self.plans = Plans(self.keys)
+        # Limits spanning tenants (a route's, an upstream's): each hierarchy's allowance of them.
+        self.allowances = Allowances(client, self.keys)
         self.ttl_ms = int(reservation_ttl_s * 1000)
         # How long after sending a call gives up (the client's socket timeout); an admit must
         # run before then, less LATE_MARGIN_MS, or reserve nothing.
@@ -117,6 +120,7 @@ class Ledger:
         headroom: int = 0,
         config_version: int | None = None,
         record_refusal: bool = True,
+        shared: SharedLimits | None = None,
     ) -> AdmitResult:
         """Check rate limits and every budget of ``scope``; reserve the estimate if it fits.
 
@@ -140,6 +144,9 @@ class Ledger:
         :class:`ConfigStale` is raised (reload the config, authenticate again, call again).
         ``record_refusal`` False: a refusal appends no usage record (the caller asks again at
         once, with a smaller input, and that answer is the one recorded).
+        ``shared``: limits over every tenant (the route's and its upstream's) checked in the same
+        admit against this hierarchy's allowances of them, which are topped up from each limit
+        first where short (:mod:`.allowances`); a refusal by one names it (``Refused.shared``).
         If the server cannot be reached: :class:`Unguarded` when ``fail_open``, else raise
         :class:`LedgerUnavailable`.
         """
@@ -147,7 +154,7 @@ class Ledger:
             raise ValueError("input_tokens must be >= 0 and output_estimate >= 1")
         least = output_estimate if min_output is None else max(1, min(min_output, output_estimate))
         rid = reservation_id or uuid.uuid4().hex
-        plan = self.plans.of(scope)
+        plan = self.plans.of(scope, shared)
         meta = _with_levels(meta, plan)
         # Everything but the budget rows and windows (b, w, xm), in the spec's JSON.
         extra = (
@@ -161,21 +168,33 @@ class Ledger:
             extra += f',"cv":{int(config_version)}'
         if not record_refusal:
             extra += ',"nr":1'
+        if meta.lease:  # admitted against the lease too, and drawn from its hold
+            extra += f',"L":{dumps(meta.lease)}'
         settled = plan.settled_prefix + rid
+        ask = [',"ag":1' if shared else ""]  # admit.lua: answer 'grant' where an allowance is short
 
         def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
             used_keys, spec = self._spec_json(plan, now_ms, more)
+            spec += ask[0]
             na = now_ms + self.call_timeout_ms - LATE_MARGIN_MS
             keys = [*plan.ledger_keys, settled, *plan.queue_keys, plan.config_key, *used_keys]
             return keys, [rid, self.ttl_ms, f'{spec}{extra},"na":{na}}}']
 
         try:
             reply = await self._run(self.scripts.admit, build, scope=scope)
+            # A shared limit's allowance is short: top it up, admit again. The last call (or one
+            # after a limit had too little left) decides on the allowance there is.
+            for last in (False, False, True):
+                if reply[0] != "grant" or shared is None:
+                    break
+                if await self._top_up(plan, shared, reply) or last:
+                    ask[0] = ""
+                reply = await self._run(self.scripts.admit, build, scope=scope)
         except LedgerUnavailable as e:
             if fail_open:
                 return Unguarded(str(e), rid)
             raise
-        asked = Reservation(rid, scope, prices, input_tokens, output_estimate, meta)
+        asked = Reservation(rid, scope, prices, input_tokens, output_estimate, meta, shared)
         return parse_admit(reply, scope, asked)
 
     async def leave_queue(
@@ -205,14 +224,23 @@ class Ledger:
         if tokens < 0:
             raise ValueError("tokens must be >= 0")
         scope = reservation.scope
-        plan = self.plans.of(scope)
+        plan = self.plans.of(scope, reservation.shared)
+
+        ask = [',"ag":1' if plan.shared and tokens > 0 else ""]  # extend.lua: 'grant' if short
 
         def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
             used_keys, spec = self._spec_json(plan, now_ms, more)
             keys = plan.ledger_keys + used_keys
-            return keys, [reservation.id, tokens, least, self.ttl_ms, spec + "}"]
+            return keys, [reservation.id, tokens, least, self.ttl_ms, spec + ask[0] + "}"]
 
-        return parse_extend(await self._run(self.scripts.extend, build), scope)
+        reply = await self._run(self.scripts.extend, build)
+        if reply[0] == "grant" and plan.shared is not None:
+            # This hierarchy's allowance of a shared limit is short: top it up, ask once more.
+            await self._top_up(plan, plan.shared, reply)
+            ask[0] = ""
+            reply = await self._run(self.scripts.extend, build)
+        result = parse_extend(reply, scope, plan.shared)
+        return result
 
     async def settle(
         self,
@@ -231,7 +259,7 @@ class Ledger:
         (:attr:`Settled.expiry_charged`)."""
         scope = reservation.scope
         prices = reservation.prices
-        plan = self.plans.of(scope)
+        plan = self.plans.of(scope, reservation.shared)
         record = note.record(_with_levels(reservation.meta, plan))
         cost = "" if cost_nusd is None else f',"c":{max(int(cost_nusd), 0)}'
         extra = (
@@ -247,6 +275,22 @@ class Ledger:
             return keys, [reservation.id, *args_after, spec + extra]
 
         return parse_settle(await self._run(self.scripts.settle, build, scope=scope), scope)
+
+    async def release_allowances(self, scope: Scope, shared: SharedLimits) -> dict[str, int]:
+        """Return ``scope``'s hierarchy's unused allowance of ``shared`` to each limit (what is
+        used and held stays); what each field gave back."""
+        root = scope.root.tag
+        return await self.allowances.release(root, shared.budgets, self.server_now_ms())
+
+    async def _top_up(self, plan: ScopePlan, shared: SharedLimits, reply: list[Any]) -> bool:
+        """Grant what an admit's 'grant' reply says each shared row lacks; True if some limit
+        had too little left to give it."""
+        first = len(plan.scope.budgets) + 1  # admit.lua's row numbers: the shared rows follow
+        wanted: list[tuple[SharedBudget, int]] = []
+        for at in range(2, len(reply) - 1, 2):
+            wanted.append((shared.budgets[int(reply[at]) - first], int(reply[at + 1])))
+        given = await self.allowances.grant(plan.scope.root.tag, wanted, int(reply[1]))
+        return any(given.get(b.field, 0) < need for b, need in wanted)
 
     async def publish_config_version(self, roots: Sequence[str], version: int) -> None:
         """Tell every gateway instance whose config is older than ``version`` that it is, in
@@ -358,17 +402,21 @@ class Ledger:
         (the caller adds its own fields and the brace). From the plan, unless ``more`` names
         other windows (an expired hold of another scope of the hierarchy)."""
         if more:
-            used_keys, spec = self._budget_spec(plan.scope, now_ms, more)
+            used_keys, spec = self._budget_spec(plan.scope, now_ms, more, plan.shared)
             return used_keys, _dumps(spec)[:-1]
         used_keys, windows = plan.current(now_ms)
         return used_keys, f'{{"b":{plan.rows_json},"w":{windows},"xm":{SETTLE_MEMORY_MS}'
 
     def _budget_spec(
-        self, scope: Scope, now_ms: int, more: tuple[str, ...] = ()
+        self,
+        scope: Scope,
+        now_ms: int,
+        more: tuple[str, ...] = (),
+        shared: SharedLimits | None = None,
     ) -> tuple[list[str], dict[str, Any]]:
         """Used keys and the common spec (b, w, xm) of ``scope``'s windows at ``now_ms``, then
         of the windows ``more`` names (for expired holds of other scopes in the hierarchy)."""
-        windows = list(scope.windows())
+        windows = list(shared_windows(scope, shared))
         index = {w.spec: i for i, w in enumerate(windows)}
         for spec in more:
             if spec not in index:
@@ -378,7 +426,7 @@ class Ledger:
         used_keys = [self.keys.used(scope, b.spec, b.id) for b in bounds]
         rows = [
             [b.field, b.dimension.short, b.limit, index[b.window.spec] + 1] for b in scope.budgets
-        ]
+        ] + shared_rows(shared, {spec: i + 1 for spec, i in index.items()})
         w = [[b.start_ms, b.end_ms, b.spec] for b in bounds]
         return used_keys, {"b": rows, "w": w, "xm": SETTLE_MEMORY_MS}
 

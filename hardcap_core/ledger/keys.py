@@ -66,6 +66,19 @@ class Keyspace:
     def used(self, scope: Scope, spec: str, window_id: str) -> str:
         return f"{self._base(scope)}:u:{spec}:{window_id}"
 
+    def reserved_of(self, root_tag: str) -> str:
+        """The reserved hash of the hierarchy whose root's tag is ``root_tag``."""
+        return f"{self.prefix}:{{{root_tag}}}:reserved"
+
+    def used_of(self, root_tag: str, spec: str, window_id: str) -> str:
+        """A used key of the hierarchy whose root's tag is ``root_tag`` (as :meth:`used`)."""
+        return f"{self.prefix}:{{{root_tag}}}:u:{spec}:{window_id}"
+
+    def granted(self, shared_tag: str, spec: str, window_id: str) -> str:
+        """What a limit spanning tenants (``up:<name>``, ``rt:<name>``) granted in a window,
+        in its own slot (lua/allowance_grant.lua)."""
+        return f"{self.prefix}:{{{shared_tag}}}:g:{spec}:{window_id}"
+
     def estimator(self, route: str, tenant: str | None = None) -> list[str]:
         """samples, stats of ``route``'s output-length sample: the tenant's own (in the slot of
         the tenant's tag, ``{t:<tenant>}``), or with no tenant the route's pooled one."""

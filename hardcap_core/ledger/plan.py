@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hardcap_core.budgets import Scope, WindowBounds
+from hardcap_core.budgets import Scope, Window, WindowBounds
+from hardcap_core.ledger.allowances import SharedLimits
 from hardcap_core.ledger.keys import Keyspace, org_of, tenant_of
 from hardcap_core.ledger.replies import ReservationMeta
 
@@ -47,20 +48,25 @@ class ScopePlan:
         "rows_json",
         "scope",
         "settled_prefix",
+        "shared",
         "tenant",
     )  # fmt: skip
 
-    def __init__(self, scope: Scope, keys: Keyspace) -> None:
+    def __init__(self, scope: Scope, keys: Keyspace, shared: SharedLimits | None = None) -> None:
         self.scope = scope
+        # Rows of limits spanning tenants (a route's, its upstream's) after the scope's own,
+        # flagged shared (lib.lua: limits_of): checked against this hierarchy's allowances.
+        self.shared = shared
         self._keys = keys
         self.ledger_keys = keys.ledger(scope)
         self.settled_prefix = keys.settled(scope, "")
         self.queue_keys = keys.queue(scope)
         self.config_key = keys.config_version(scope.root.tag)
-        self._windows = scope.windows()
+        self._windows = shared_windows(scope, shared)
         index = {w.spec: i + 1 for i, w in enumerate(self._windows)}
         self.rows_json = dumps(
             [[b.field, b.dimension.short, b.limit, index[b.window.spec]] for b in scope.budgets]
+            + shared_rows(shared, index)
         )
         self.rates_json = dumps(
             [
@@ -92,19 +98,35 @@ class ScopePlan:
         return self._used_keys, self._windows_json
 
 
+def shared_windows(scope: Scope, shared: SharedLimits | None) -> tuple[Window, ...]:
+    """The scope's windows, then those only its shared rows use."""
+    seen = {w.spec: w for w in scope.windows()}
+    for b in shared.budgets if shared else ():
+        seen.setdefault(b.window.spec, b.window)
+    return tuple(seen.values())
+
+
+def shared_rows(shared: SharedLimits | None, index: dict[str, int]) -> list[list[Any]]:
+    """Budget spec rows of the shared limits, flagged (``index``: window spec -> 1-based)."""
+    rows = shared.budgets if shared else ()
+    return [[b.field, b.dim, b.limit, index[b.window.spec], 1] for b in rows]
+
+
 class Plans:
     """The plan of each scope a ledger is called with, by identity (config scopes live as long
     as the process)."""
 
     def __init__(self, keys: Keyspace) -> None:
         self.keys = keys
-        self._plans: dict[int, ScopePlan] = {}
+        self._plans: dict[tuple[int, int], ScopePlan] = {}
 
-    def of(self, scope: Scope) -> ScopePlan:
-        plan = self._plans.get(id(scope))
-        if plan is not None and plan.scope is scope:
+    def of(self, scope: Scope, shared: SharedLimits | None = None) -> ScopePlan:
+        """The plan of ``scope``, with the rows of ``shared`` (a route's) if given."""
+        at = (id(scope), id(shared))
+        plan = self._plans.get(at)
+        if plan is not None and plan.scope is scope and plan.shared is shared:
             return plan
         if len(self._plans) >= MAX_PLANS:
             self._plans.clear()
-        plan = self._plans[id(scope)] = ScopePlan(scope, self.keys)
+        plan = self._plans[at] = ScopePlan(scope, self.keys, shared)
         return plan

@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from hardcap_core.budgets import (
+    DIMENSION_BY_SHORT,
     LEVEL_BY_SHORT,
     NANO_USD_PER_USD,
     Budget,
@@ -22,7 +23,13 @@ from hardcap_core.budgets import (
     RateLimit,
     Scope,
 )
-from hardcap_core.errors import ConfigStale, LedgerProtocolError, ReservationReused
+from hardcap_core.errors import (
+    ConfigStale,
+    LeaseNotFound,
+    LedgerProtocolError,
+    ReservationReused,
+)
+from hardcap_core.ledger.allowances import SharedBudget, SharedLimits
 
 
 class Refusal(StrEnum):
@@ -63,6 +70,7 @@ class ReservationMeta:
     org: str = ""  # the org id, if any; Ledger.admit fills it from the scope when empty
     provider: str = ""  # the upstream (its config name) the request was sent to
     user: str = ""  # the user level's id (tenant~user), if the request has one
+    lease: str = ""  # the lease the request draws from (x-hardcap-lease), if any
 
     def record(self) -> dict[str, str]:
         """The fields as the scripts store them (lib.lua: meta; short names: it is JSON). ``us``
@@ -79,6 +87,8 @@ class ReservationMeta:
         }
         if self.user:
             fields["us"] = self.user
+        if self.lease:
+            fields["ls"] = self.lease  # lib.lua: format 4, written only with a lease
         return fields
 
 
@@ -122,6 +132,8 @@ class Reservation:
     input_tokens: int
     output_reserved: int
     meta: ReservationMeta = NO_META
+    # The limits spanning tenants it is held on too (its route's and upstream's), if any.
+    shared: SharedLimits | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,9 +157,17 @@ class Refused:
     # The request's input and least output exceed ``budget``'s whole limit even with nothing
     # used (reason EXCEEDED): it can never be admitted as it is, whatever the window.
     never_fits: bool = False
+    lease: str = ""  # the lease whose envelope refused (dimension: "tokens" or "usd"), if one did
+    # The route's or upstream's limit over every tenant that refused (``level``: the hierarchy
+    # whose allowance of it is spent), if one did.
+    shared: SharedBudget | None = None
 
     @property
     def message(self) -> str:
+        if self.lease:
+            return _lease_message(self)
+        if self.shared is not None:
+            return _shared_message(self, self.shared)
         what = f"{self.dimension} budget of {self.level}"
         if self.never_fits and self.budget is not None:
             return (
@@ -199,6 +219,7 @@ class ExtendRefused:
     budgets: tuple[BudgetState, ...]
     server_time_ms: int
     level: Level | None = None  # whose limit refused: the budget's level, or the tpm's
+    shared: SharedBudget | None = None  # a route's or upstream's limit over every tenant refused
 
     @property
     def rate_limited(self) -> bool:
@@ -282,8 +303,11 @@ REFUSALS = {
 class ReplyReader:
     """Reads a script reply front to back: status, server time, then fields in order."""
 
-    def __init__(self, scope: Scope, reply: Sequence[Any]) -> None:
+    def __init__(
+        self, scope: Scope, reply: Sequence[Any], shared: SharedLimits | None = None
+    ) -> None:
         self.scope = scope
+        self.shared = shared  # rows after the scope's own (plan.py): limits spanning tenants
         self.reply = reply
         self.pos = 2
         self.status = str(reply[0])
@@ -305,6 +329,7 @@ class ReplyReader:
         at, budgets = self.pos, self.scope.budgets
         values = [int(v) for v in self.reply[at : at + 2 * n]]
         self.pos = at + 2 * n
+        n = min(n, len(budgets))  # the shared rows' states are this hierarchy's share: not shown
         return tuple(BudgetState(budgets[i], values[2 * i], values[2 * i + 1]) for i in range(n))
 
     def rate_states(self) -> tuple[RateState, ...]:
@@ -321,15 +346,26 @@ class ReplyReader:
         return tuple(out)
 
     def locate(self, what: str) -> tuple[Level, str, Budget | None]:
-        """A script's ``what`` (a budget field or '<level tag>:rpm|tpm') as level and dimension."""
+        """A script's ``what`` (a budget field, '<level tag>:rpm|tpm' or a lease's
+        'l:<id>:tokens|usd', which names the scope's first level) as level and dimension."""
+        if what.startswith(LEASE_PREFIX):
+            return self.scope.levels[0], what.rsplit(":", 1)[-1], None
         for b in self.scope.budgets:
             if b.field == what:
                 return b.level, b.dimension.value, b
+        found = self.found(what)
+        if found is not None:  # a limit spanning tenants: this hierarchy's allowance refused
+            per = {"rpm": "requests", "tpm": "tokens"}.get(found.measure)
+            return self.scope.root, per or DIMENSION_BY_SHORT[found.dim].value, None
         kind, ident, rest = what.split(":", 2) if what.count(":") >= 2 else ("", "", "")
         if kind not in LEVEL_BY_SHORT or rest not in ("rpm", "tpm"):
             raise LedgerProtocolError(f"a script named an unknown budget or limit {what!r}")
         level = Level(LEVEL_BY_SHORT[kind], ident)
         return level, "requests" if rest == "rpm" else "tokens", None
+
+    def found(self, what: str) -> SharedBudget | None:
+        """The shared row ``what`` names, if it names one."""
+        return self.shared.find(what) if self.shared is not None else None
 
     def unexpected(self, script: str) -> LedgerProtocolError:
         return LedgerProtocolError(f"{script} replied {self.status!r}")
@@ -337,52 +373,66 @@ class ReplyReader:
 
 def parse_admit(reply: Sequence[Any], scope: Scope, reservation: Reservation) -> AdmitResult:
     """admit.lua's reply; ``reservation`` is the hold asked for (its output is the estimate)."""
-    r = ReplyReader(scope, reply)
+    r = ReplyReader(scope, reply, reservation.shared)
     if r.status == "settled":
         raise ReservationReused(f"reservation id {reservation.id!r} was settled already")
     if r.status == "expired":
         raise ReservationReused(f"reservation id {reservation.id!r} expired and was charged")
     if r.status == "config":
         raise ConfigStale(r.int())
+    if r.status == "nolease":
+        raise LeaseNotFound(f"The lease '{reservation.meta.lease}' does not exist or has ended.")
     if r.status == "ok":
         reserved = r.int()
         budgets = r.budget_states()
         held = Reservation(
             reservation.id, scope, reservation.prices, reservation.input_tokens, reserved,
-            reservation.meta,
+            reservation.meta, reservation.shared,
         )  # fmt: skip
         return Admitted(held, budgets, r.rate_states(), r.now_ms)
     if r.status == "queued":
-        level, dimension, budget = r.locate(r.text())
+        what = r.text()
+        level, dimension, budget = r.locate(what)
         ahead = r.int()
         busy = Refused(
             Refusal.BUSY, level, dimension, budget, 1000, r.budget_states(), r.rate_states(),
-            r.now_ms,
+            r.now_ms, shared=r.found(what),
         )  # fmt: skip
         return Queued(ahead, busy, r.now_ms)
     if r.status not in REFUSALS:
         raise r.unexpected("admit")
-    level, dimension, budget = r.locate(r.text())
+    what = r.text()
+    level, dimension, budget = r.locate(what)
     retry_after_ms = r.int()
     budgets = r.budget_states()
+    reason, shared = REFUSALS[r.status], r.found(what)
+    if shared is not None and shared.measure in ("rpm", "tpm") and r.status in ("exceeded", "busy"):
+        # A shared per-minute rate: what its minute holds settles into it, so only the next
+        # minute helps.
+        reason = Refusal.RATE_LIMITED
+        retry_after_ms = max(shared.window.bounds(r.now_ms).end_ms - r.now_ms, 1)
     return Refused(
-        REFUSALS[r.status], level, dimension, budget, retry_after_ms, budgets, r.rate_states(),
-        r.now_ms, never_fits=r.status == "never",
+        reason, level, dimension, budget, retry_after_ms, budgets, r.rate_states(),
+        r.now_ms, never_fits=r.status == "never", lease=lease_of(what), shared=shared,
     )  # fmt: skip
 
 
-def parse_extend(reply: Sequence[Any], scope: Scope) -> ExtendResult:
-    r = ReplyReader(scope, reply)
+def parse_extend(
+    reply: Sequence[Any], scope: Scope, shared: SharedLimits | None = None
+) -> ExtendResult:
+    r = ReplyReader(scope, reply, shared)
     if r.status == "gone":
         return ReservationGone(r.now_ms)
     if r.status == "ok":
         granted, total = r.int(), r.int()
         return Extended(granted, total, r.budget_states(), r.now_ms)
     if r.status == "no":
-        level, dimension, budget = r.locate(r.text())
-        if budget is None and dimension != "tokens":
+        what = r.text()
+        level, dimension, budget = r.locate(what)
+        found = r.found(what)
+        if budget is None and dimension != "tokens" and not lease_of(what) and found is None:
             raise LedgerProtocolError("extend named a request rate limit")
-        return ExtendRefused(budget, r.budget_states(), r.now_ms, level)
+        return ExtendRefused(budget, r.budget_states(), r.now_ms, level, shared=found)
     raise r.unexpected("extend")
 
 
@@ -417,6 +467,41 @@ def parse_estimator(reply: Sequence[Any]) -> EstimatorStats:
 def parse_consensus(reply: Sequence[Any]) -> Consensus:
     """estimator_vote.lua: {consensus value, votes}."""
     return Consensus(int(reply[0]), int(reply[1]))
+
+
+LEASE_PREFIX = "l:"
+
+
+def lease_of(what: str) -> str:
+    """The lease id a script's ``what`` names ('l:<id>:tokens|usd'), or ''."""
+    if not what.startswith(LEASE_PREFIX):
+        return ""
+    return what[len(LEASE_PREFIX) :].rsplit(":", 1)[0]
+
+
+def _lease_message(r: Refused) -> str:
+    what = f"The lease {r.lease} ({'USD' if r.dimension == 'usd' else 'tokens'})"
+    if r.never_fits:
+        return f"This request is larger than the whole envelope of {what}."
+    if r.reason is Refusal.BUSY:
+        return f"{what} is held by its requests in flight; retry in about a second."
+    return f"{what} is spent: open a new lease."
+
+
+def _shared_message(r: Refused, shared: SharedBudget) -> str:
+    """A refusal by a route's or upstream's limit over every tenant, named ``route:<name>`` /
+    ``upstream:<name>``."""
+    what = f"limit of {shared.owner} ({shared.describe()}, shared by every tenant)"
+    if r.never_fits:
+        return (
+            f"This request is larger than the whole {what}, even with nothing used: send "
+            "fewer input tokens or a lower max_tokens."
+        )
+    if r.reason is Refusal.BUSY:
+        return f"The {what} is held by requests in flight; retry in about a second."
+    if r.reason is Refusal.RATE_LIMITED:
+        return f"The {what} is reached for this minute; retry in {r.retry_after_ms} ms."
+    return f"The {what} is spent for this window; it resets in {r.retry_after_ms // 1000} s."
 
 
 def _limit(budget: Budget) -> str:

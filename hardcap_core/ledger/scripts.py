@@ -16,7 +16,9 @@ from typing import Any, Protocol
 
 from hardcap_core.ledger.pipe import PipedScript, Pipes
 
-LEDGER_SCRIPTS = ("admit", "extend", "settle", "usage", "hydrate", "leave")
+LEDGER_SCRIPTS = (
+    "admit", "extend", "settle", "usage", "hydrate", "leave", "lease_open", "lease_close"
+)  # fmt: skip
 STANDALONE_SCRIPTS = ("estimator_record", "estimator_vote", "unlock", "breaker", "config_version")
 
 
@@ -59,6 +61,8 @@ class Scripts:
     usage: Script
     hydrate: Script
     leave: Script
+    lease_open: Script
+    lease_close: Script
     estimator_record: Script
     estimator_vote: Script
     unlock: Script

@@ -21,6 +21,7 @@ from hardcap_core.logs import logger
 if TYPE_CHECKING:
     from hardcap_core.config.model import Config
     from hardcap_core.control.live import LiveConfig
+    from hardcap_core.rollup.notify import Notifier
     from hardcap_core.rollup.run import RollupReport
     from hardcap_core.rollup.table import UsageTable
 
@@ -37,6 +38,7 @@ class RollupTimer:
         *,
         interval_s: float = DEFAULT_INTERVAL_S,
         live: LiveConfig | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"rollup interval must be positive, got {interval_s}")
@@ -44,12 +46,14 @@ class RollupTimer:
         self.live = live  # read again each run: tenants made by the admin API are rolled up
         self.table = table
         self.interval_s = interval_s
+        self.notifier = notifier  # where threshold notifications go (None: not checked)
         self.runs = 0  # completed runs, failed or not
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._lock: asyncio.Lock | None = None
         self._client: Any = None
+        self._notifications: Any = None  # made on the timer's loop, kept across runs
         self._ready = threading.Event()
 
     def start(self) -> RollupTimer:
@@ -116,13 +120,17 @@ class RollupTimer:
             logger.exception("rollup failed; the next run retries")
 
     async def _run_once(self) -> RollupReport:
+        from hardcap_core.rollup.notify import Notifications
         from hardcap_core.rollup.run import run_rollup
 
         assert self._lock is not None  # set before the loop serves anything
         async with self._lock:
             try:
                 config = self.config if self.live is None else await self.live.reload()
-                report = await run_rollup(config, await self._cache(), self.table)
+                if self._notifications is None and self.notifier is not None:
+                    self._notifications = Notifications(self.notifier, f"local-{id(self):x}")
+                report = await run_rollup(config, await self._cache(), self.table,
+                                          notifications=self._notifications)  # fmt: skip
             finally:
                 self.runs += 1
         logger.info(
@@ -134,6 +142,7 @@ class RollupTimer:
                 "replayed": report.replayed,
                 "lag_s": report.lag_s,
                 "stalled": report.stalled,
+                "notified": report.notified,
             },
         )
         return report

@@ -1,6 +1,6 @@
 """``hardcap usage``: spend per tenant, key (and user) and model over a window, or per tenant
 and user (``--by user``), read from the usage table in DynamoDB (what the rollup wrote), as a
-table or ``--json``.
+table, ``--json``, or FOCUS 1.2 CSV rows (``--format focus``: hardcap_core/rollup/focus.py).
 
 The table is ``--table`` or ``HARDCAP_USAGE_TABLE``; where it lives comes from the usual AWS
 environment, so the same command reads the table of a deployed stack (with the profile and
@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from hardcap_core.rollup.table import UsageRow
 
 DEFAULT_SINCE = "24h"
+FORMATS = ("table", "json", "focus")
 # As hardcap_core.rollup.report.BY, which the command imports only when it runs.
-BY_CHOICES = ("key", "user")
+BY_CHOICES = ("key", "user", "lease")
 
 
 def add_usage_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,10 +52,18 @@ def add_usage_arguments(parser: argparse.ArgumentParser) -> None:
         choices=BY_CHOICES,
         default="key",
         help="a line per tenant, key, user and model (key, the default; the user column shows "
-        "when a request had one) or per tenant and user, dearest first (user)",
+        "when a request had one), per tenant and user, dearest first (user), or per tenant and "
+        "lease, dearest first (lease: what each lease's requests spent)",
     )
     parser.add_argument("--table", help="the DynamoDB table (default: $HARDCAP_USAGE_TABLE)")
     parser.add_argument("--json", action="store_true", help="a JSON list of rows instead")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="table",
+        help="table (the default), json (as --json), or focus: FOCUS 1.2 rows as CSV, one per "
+        "UTC day, tenant, key, user, route, model and upstream (--by does not apply)",
+    )
 
 
 def usage_command(ns: argparse.Namespace) -> int:
@@ -74,13 +83,29 @@ def usage_command(ns: argparse.Namespace) -> int:
     except _UsageError as exc:
         print(f"hardcap usage: error: {exc}", file=sys.stderr)
         return 2
+    if ns.format == "focus":
+        return _focus(name, tenants, start_ms, end_ms)
     rows = _read(name, tenants, start_ms, end_ms)
     if rows is None:
         return 1
-    if ns.json:
+    if ns.json or ns.format == "json":
         print(json.dumps(report.to_json(rows, ns.by), indent=2))
     else:
         print(report.format_table(rows, start_ms, end_ms, ns.by))
+    return 0
+
+
+def _focus(name: str, tenants: list[str] | None, start_ms: int, end_ms: int) -> int:
+    """FOCUS rows of the window, read a UTC day at a time (a charge period per day)."""
+    from hardcap_core.rollup import focus
+
+    periods = []
+    for lo, hi in focus.days(start_ms, end_ms):
+        rows = _read(name, tenants, lo, hi)
+        if rows is None:
+            return 1
+        periods.append((lo, hi, rows))
+    focus.write_csv(sys.stdout, focus.rows(periods))
     return 0
 
 

@@ -20,10 +20,13 @@ from typing import Any
 
 FORMAT_VERSION = "2"  # what lua/lib.lua writes for a request without a user
 FORMAT_VERSION_USER = "3"  # ... and with one: format 2 plus the user as an 11th string
+# ... and under a lease: format 3 (the user "" if none) plus the lease id as a 12th string.
+# Written only under a lease, so a deploy that opens none writes what the release before reads.
+FORMAT_VERSION_LEASE = "4"
 FORMAT_VERSION_1 = "1"  # still read: a stream may hold them from before an upgrade
 # Strings after the integers, per packed format: the user is last and only in format 3, so a
 # deploy without users writes exactly what a rollup of the release before reads.
-_STRINGS = {FORMAT_VERSION: 10, FORMAT_VERSION_USER: 11}
+_STRINGS = {FORMAT_VERSION: 10, FORMAT_VERSION_USER: 11, FORMAT_VERSION_LEASE: 12}
 
 
 class RecordKind(StrEnum):
@@ -59,6 +62,7 @@ class UsageRecord:
     cost_nusd: int
     admitted_ms: int  # server time of the admission (of the refusal, for a refusal)
     user: str = ""  # the user level's id (tenant~user); "" for a request without a user
+    lease: str = ""  # the lease the request drew from (format 4); "" for none
 
     @property
     def at_ms(self) -> int:
@@ -75,7 +79,8 @@ def parse_entry(entry_id: str | bytes, fields: Mapping[Any, Any]) -> UsageRecord
 
     Reads format 2 (one field ``r``: ``2,est,n,in,out,rs,ci,usd,t0,`` then a JSON array of
     kind, rid, tn, org, k, rt, md, pv, rq, oc), format 3 (``3,...``: the same array with the
-    user last) and format 1 (a field per value, ``v`` = 1), which a stream may still hold from
+    user last), format 4 (``4,...``: the user, "" if none, then the lease id) and format 1 (a
+    field per value, ``v`` = 1), which a stream may still hold from
     before an upgrade. Raises ValueError for an entry that is not a usage record of a known
     format."""
     f = {_text(k): _text(v) for k, v in fields.items()}
@@ -120,13 +125,14 @@ def _parse_packed(entry_id: str, packed: str) -> UsageRecord:
         strings = json.loads(parts[9])
         if not isinstance(strings, list) or len(strings) != count:
             raise ValueError(f"{count} strings expected in format {parts[0]}")
-        kind, rid, tn, org, k, rt, md, pv, rq, oc, *user = (str(x) for x in strings)
+        kind, rid, tn, org, k, rt, md, pv, rq, oc, *rest = (str(x) for x in strings)
+        user, lease = [*rest, "", ""][:2]
         return UsageRecord(
             entry_id=entry_id, kind=RecordKind(kind), reservation_id=rid, tenant=tn, org=org,
             key_id=k, route=rt, model=md, provider=pv, request_id=rq, outcome=oc,
             estimate=est == 1, requests=n, input_tokens=inp, output_tokens=out,
             reasoning_tokens=rs, cached_input_tokens=ci, cost_nusd=usd, admitted_ms=t0,
-            user="".join(user),
+            user=user, lease=lease,
         )  # fmt: skip
     except (ValueError, TypeError) as e:
         raise ValueError(f"usage record {entry_id} is malformed: {e}") from e

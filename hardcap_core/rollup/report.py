@@ -1,6 +1,6 @@
 """What ``hardcap usage`` prints: spend per tenant, key (and user, where a row has one) and
-model over a window, or per tenant and user (``--by user``), as a text table with a total row,
-or as JSON.
+model over a window, or per tenant and user (``--by user``) or lease (``--by lease``: requests
+under none are one line, lease "-"), as a text table with a total row, or as JSON.
 
 Pure formatting of :class:`hardcap_core.rollup.table.UsageRow` lists, so it imports nothing
 from AWS; the rows come from :meth:`UsageTable.usage`.
@@ -19,9 +19,10 @@ if TYPE_CHECKING:
 NANO_USD = 1_000_000_000
 BY_KEY = "key"  # a line per tenant, key, user (when any row has one) and model
 BY_USER = "user"  # a line per tenant and user, dearest first: who spends
-BY = (BY_KEY, BY_USER)
+BY_LEASE = "lease"  # a line per tenant and lease, dearest first: what each lease spent
+BY = (BY_KEY, BY_USER, BY_LEASE)
 # The row attribute each name column shows.
-_NAMES = {"tenant": "tenant", "key": "key_id", "user": "user", "model": "model"}
+_NAMES = {"tenant": "tenant", "key": "key_id", "user": "user", "model": "model", "lease": "lease"}
 COUNTER_HEADERS = (
     "requests",
     "input",
@@ -61,6 +62,8 @@ def columns(rows: Sequence[UsageRow], by: str = BY_KEY) -> tuple[str, ...]:
     with user between when a row has one (a deploy without users sees the table it saw)."""
     if by == BY_USER:
         return ("tenant", "user")
+    if by == BY_LEASE:
+        return ("tenant", "lease")
     if by != BY_KEY:
         raise ValueError(f"by {by!r}: one of {', '.join(BY)}")
     if any(row.user for row in rows):
@@ -81,7 +84,7 @@ def lines(
         sums = merged.setdefault(who, dict.fromkeys(COUNTERS, 0))
         for name in COUNTERS:
             sums[name] += int(getattr(row, name))
-    if by == BY_USER:
+    if by in (BY_USER, BY_LEASE):
         return sorted(merged.items(), key=lambda item: (item[0][0], -item[1]["cost_nusd"], item[0]))
     return sorted(merged.items())
 
@@ -113,10 +116,10 @@ def to_json(rows: Sequence[UsageRow], by: str = BY_KEY) -> list[dict[str, Any]]:
     """``by`` key: the rows as they are (per route too; ``user`` "" without one); ``by`` user:
     a line per tenant and user, as the table. Each with ``cost_usd`` (a float, for reading)
     beside the exact ``cost_nusd``; sorted like the table."""
-    if by == BY_USER:
+    if by in (BY_USER, BY_LEASE):
         return [
-            {"tenant": tenant, "user": user, **sums, "cost_usd": sums["cost_nusd"] / NANO_USD}
-            for (tenant, user), sums in lines(rows, by)
+            {"tenant": tenant, by: who, **sums, "cost_usd": sums["cost_nusd"] / NANO_USD}
+            for (tenant, who), sums in lines(rows, by)
         ]
     columns(rows, by)  # the same error for an unknown ``by``
     out = []

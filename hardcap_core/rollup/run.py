@@ -31,6 +31,7 @@ from hardcap_core.ledger import Ledger
 from hardcap_core.logs import logger
 from hardcap_core.rollup.durable import replay_pending
 from hardcap_core.rollup.metrics import RollupMetrics
+from hardcap_core.rollup.notify import Notifications
 from hardcap_core.rollup.records import UsageRecord, parse_entry
 from hardcap_core.rollup.streams import LEASE_MS, Entry, StreamLost, UsageStream, entry_key
 from hardcap_core.rollup.table import MAX_WRITES, Bucket, Totals, UsageTable, Write
@@ -55,6 +56,7 @@ class RollupReport:
     lag_s: float = 0.0  # age of the oldest record not yet applied when the run began
     stalled: list[str] = field(default_factory=list)  # roots left for the next run, and why
     passes: int = 1
+    notified: int = 0  # threshold notifications sent (rollup/notify.py)
 
     def add(self, other: RollupReport) -> None:
         """Fold a later pass of the same invocation in."""
@@ -65,6 +67,7 @@ class RollupReport:
         self.lag_s = max(self.lag_s, other.lag_s)
         self.stalled += other.stalled
         self.passes += other.passes
+        self.notified += other.notified
 
 
 @dataclass(slots=True)
@@ -109,6 +112,7 @@ async def rollup_loop(
     ledger: Ledger | None = None,
     batch: int = BATCH,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    notifications: Notifications | None = None,
 ) -> RollupReport:
     """Passes of :func:`run_rollup` every ``interval_s`` (:data:`INTERVAL_S`) until ``until``
     (``time.monotonic``): the first replays kept settles and reports budgets; none starts past
@@ -125,7 +129,8 @@ async def rollup_loop(
         try:
             report = await run_rollup(config, client, table, metrics=metrics, ledger=ledger,
                                       batch=batch, budget_s=max(until - started, 0),
-                                      first_pass=total is None, owner=owner)  # fmt: skip
+                                      first_pass=total is None, owner=owner,
+                                      notifications=notifications)  # fmt: skip
         except (DurableStoreUnavailable, LedgerUnavailable) as e:
             # As the next invocation would, the next pass tries again: the streams keep what
             # this one did not apply.
@@ -155,10 +160,12 @@ async def run_rollup(
     budget_s: float = BUDGET_S,
     first_pass: bool = True,
     owner: str | None = None,
+    notifications: Notifications | None = None,
 ) -> RollupReport:
     """One pass over every hierarchy the config names; ``client`` is the cache's redis client.
     ``first_pass``: also charge kept settles and report each tenant's budget use (once an
-    invocation); later passes leave streams without entries alone."""
+    invocation); later passes leave streams without entries alone. ``notifications``: send
+    the thresholds reached, in every hierarchy on a first pass, else in those it rolled up."""
     from hardcap_core.rollup.restore import durable_ledger
 
     ledger = ledger or durable_ledger(client, config, table)
@@ -167,15 +174,25 @@ async def run_rollup(
     now_ms = int(time.time() * 1000)
     oldest: int | None = None
     deadline = time.monotonic() + min(budget_s, BUDGET_S)
+    # Roots this pass applied records of, with their users: whose thresholds to check.
+    touched: dict[Level, set[str]] = {}
     for root in config.roots():
         stream = UsageStream(ledger.client, ledger.scripts, ledger.keys, root)
         if not first_pass and await stream.length() == 0:
             continue  # nothing to roll up, nothing pending: no lease, no DynamoDB call
+        applied, users = report.applied, set[str]()
         first = await _leased(ledger, table, config, root, stream, report, metrics, batch,
-                              deadline, owner, first_pass)  # fmt: skip
+                              deadline, owner, first_pass, users)  # fmt: skip
+        if report.applied > applied:
+            touched[root] = users
         if first is not None:
             oldest = first if oldest is None else min(oldest, first)
     report.lag_s = 0.0 if oldest is None else max(now_ms - oldest, 0) / 1000
+    if notifications is not None:
+        for root in config.roots():
+            if first_pass or root in touched:
+                users = touched.get(root, set())
+                report.notified += await notifications.check(ledger, table, config, root, users)
     if metrics is not None:
         if first_pass:
             await _budget_percents(ledger, config, metrics)
@@ -197,6 +214,7 @@ async def _leased(
     deadline: float,
     owner: str,
     replay: bool,
+    users: set[str],
 ) -> int | None:
     """Roll up ``root``'s stream under its lease (kept settles first, if ``replay``); returns
     the time of its oldest unapplied record at the start."""
@@ -211,7 +229,7 @@ async def _leased(
             if await stream.length() == 0:
                 report.streams += 1
                 return None
-        oldest = await _roll(table, root, stream, report, metrics, batch, deadline, owner)
+        oldest = await _roll(table, root, stream, report, metrics, batch, deadline, owner, users)
         report.streams += 1
         return oldest
     except StreamLost:
@@ -230,8 +248,10 @@ async def _roll(
     batch: int,
     deadline: float,
     owner: str,
+    users: set[str],
 ) -> int | None:
-    """Apply what ``stream`` holds after the cursor; the time of its oldest such record."""
+    """Apply what ``stream`` holds after the cursor; the time of its oldest such record. The
+    users of the records applied go into ``users``."""
     generation = await stream.generation()
     # The epoch, then the generation once more: a cache lost after that check is restored after
     # it, and the restore's fence stops every write below that could hold a later generation's
@@ -259,7 +279,7 @@ async def _roll(
             report.stalled.append(f"{root.tag}: entries after the cursor held by another run")
             break
         write, cursor, n = await _apply(
-            table, root, generation, epoch, cursor, todo, metrics, last_used
+            table, root, generation, epoch, cursor, todo, metrics, last_used, users
         )
         report.applied += n
         if write is Write.FENCED:
@@ -299,10 +319,12 @@ async def _apply(
     entries: Sequence[Entry],
     metrics: RollupMetrics | None,
     last_used: dict[tuple[str, str], int] | None = None,
+    users: set[str] | None = None,
 ) -> tuple[Write, str | None, int]:
     """Write ``entries`` (the ones right after ``cursor``), chunk by chunk, while the epoch is
     ``epoch``: how the last write went, the new cursor and how many were written. The latest
-    record of each key written goes into ``last_used``."""
+    record of each key written goes into ``last_used``, the users of those charged into
+    ``users``."""
     records = [parse_entry(i, f) for i, f in entries]
     n = 0
     for chunk in chunks(records):
@@ -321,6 +343,8 @@ async def _apply(
                 if r.key_id:
                     who = (r.tenant, r.key_id)
                     last_used[who] = max(last_used.get(who, 0), r.at_ms)
+        if users is not None:
+            users.update(r.user for r in chunk.records if r.user and not r.refused)
         cursor, n = last, n + len(chunk.records)
     return Write.APPLIED, cursor, n
 

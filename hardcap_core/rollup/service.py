@@ -48,6 +48,11 @@ class RollupService:
         self.table = table
         self.live = live  # read again each invocation: tenants made since are rolled up
         self._cache: Any = None
+        # Imported here, as the rollup below: a gateway imports this module too.
+        from hardcap_core.rollup.eventbridge import notifications_from_env
+
+        # Kept across warm invocations: thresholds known sent are not asked about again.
+        self.notifications = notifications_from_env()
 
     async def run(self, until: float | None = None) -> RollupReport:
         """Passes every few seconds until ``until`` (``time.monotonic``); one pass without."""
@@ -63,9 +68,12 @@ class RollupService:
             # The cache client belongs to the event loop it was made on: the handler keeps one.
             self._cache = await connect(g.redis_url or "", cluster=g.redis_cluster)
         metrics = RollupMetrics()
+        notify = self.notifications
         if until is None:
-            return await run_rollup(self.config, self._cache, self.table, metrics=metrics)
-        return await rollup_loop(self.config, self._cache, self.table, until=until, metrics=metrics)
+            return await run_rollup(self.config, self._cache, self.table, metrics=metrics,
+                                    notifications=notify)  # fmt: skip
+        return await rollup_loop(self.config, self._cache, self.table, until=until,
+                                 metrics=metrics, notifications=notify)  # fmt: skip
 
     async def aclose(self) -> None:
         if self._cache is not None:

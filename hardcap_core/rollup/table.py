@@ -19,6 +19,9 @@ One table, two string keys. Items:
 * ``pk = tenants``, ``sk = <tenant>``: every tenant with usage, for listing without a scan.
 * ``pk = lastused#<tenant>``, ``sk = <key id>``: ``at_ms``, when the key was last used (the
   latest record the rollup applied for it; only ever moved forward), for ``hardcap admin keys``.
+* ``pk = notified#<root tag>``, ``sk = <budget field>#<window id>#<percent>``: a threshold
+  notification (rollup/notify.py), ``claimed`` by the one run whose conditional put made it,
+  then ``sent``; kept until a week after its window ends (``expires_at``).
 
 This module is the one boundary where botocore's errors become :class:`DurableStoreUnavailable`.
 Calls are synchronous (boto3); async callers run them in a thread.
@@ -124,14 +127,16 @@ class Bucket:
     granularity: str  # m | h | d
     start_ms: int
     user: str = ""  # the user level's id (tenant~user), "" for requests without a user
+    lease: str = ""  # the lease the requests drew from, "" for none
 
     @classmethod
     def of(cls, r: UsageRecord, granularity: str) -> Bucket:
         size = GRANULARITY_MS[granularity]
         start = r.at_ms // size * size
         return cls(
-            r.tenant, r.org, r.key_id, r.route, r.model, r.provider, granularity, start, r.user
-        )
+            r.tenant, r.org, r.key_id, r.route, r.model, r.provider, granularity, start, r.user,
+            r.lease,
+        )  # fmt: skip
 
     @property
     def pk(self) -> str:
@@ -141,6 +146,8 @@ class Bucket:
     def sk(self) -> str:
         label = label_of(self.granularity, self.start_ms)
         parts = (self.granularity, label, self.key_id, self.route, self.model, self.provider)
+        if self.lease:  # '#<user>#<lease>' (user '' if none): items without a lease as before
+            return "#".join((*parts, self.user, self.lease))
         return "#".join((*parts, self.user) if self.user else parts)
 
 
@@ -164,6 +171,7 @@ class UsageRow:
     estimated: int
     refused: int
     user: str = ""  # the user level's id (tenant~user); "" for requests without a user
+    lease: str = ""  # the lease the requests drew from; "" for none
 
 
 def label_of(granularity: str, start_ms: int) -> str:
@@ -321,6 +329,8 @@ class UsageTable:
                 "model": b.model, "provider": b.provider, "granularity": b.granularity}  # fmt: skip
         if b.user:
             sets["user"] = b.user  # only then: an item without a user is as before
+        if b.lease:
+            sets["lease"] = b.lease  # likewise
         for k, v in sets.items():
             names[f"#{k}"] = k
             values[f":{k}"] = {"S": v}
@@ -391,6 +401,63 @@ class UsageTable:
             for item in self._query(f"lastused#{tenant}")
         }
 
+    # -- threshold notifications: one claim per threshold and window --------------------------
+
+    def claim_notice(
+        self, root: str, sk: str, owner: str, now_s: int, stale_s: int, expires_s: int
+    ) -> bool:
+        """Claim the notification ``sk`` of ``root``'s hierarchy for ``owner``: True for the one
+        caller whose write made it (or took over a claim older than ``stale_s``, left by a run
+        that died before sending), False when it is claimed or sent already."""
+        return self._conditional(
+            "PutItem", TableName=self.name,
+            Item={"pk": {"S": f"notified#{root}"}, "sk": {"S": sk}, "state": {"S": "claimed"},
+                  "owner": {"S": owner}, "claimed_at": {"N": str(now_s)},
+                  TTL_ATTRIBUTE: {"N": str(expires_s)}},
+            ConditionExpression=(
+                "attribute_not_exists(pk) OR (#s = :claimed AND claimed_at < :stale)"
+            ),
+            ExpressionAttributeNames={"#s": "state"},
+            ExpressionAttributeValues={":claimed": {"S": "claimed"},
+                                       ":stale": {"N": str(now_s - stale_s)}},
+        )  # fmt: skip
+
+    def notice_sent(self, root: str, sk: str, owner: str) -> bool:
+        """Mark ``owner``'s claim sent; False if another run took it over meanwhile."""
+        return self._conditional(
+            "UpdateItem", TableName=self.name, Key=_notice_key(root, sk),
+            UpdateExpression="SET #s = :sent", ConditionExpression="#o = :owner",
+            ExpressionAttributeNames={"#s": "state", "#o": "owner"},
+            ExpressionAttributeValues={":sent": {"S": "sent"}, ":owner": {"S": owner}},
+        )  # fmt: skip
+
+    def release_notice(self, root: str, sk: str, owner: str) -> None:
+        """Give up ``owner``'s unsent claim (its send failed): the next pass claims it anew."""
+        self._conditional(
+            "DeleteItem", TableName=self.name, Key=_notice_key(root, sk),
+            ConditionExpression="#o = :owner AND #s = :claimed",
+            ExpressionAttributeNames={"#s": "state", "#o": "owner"},
+            ExpressionAttributeValues={":owner": {"S": owner}, ":claimed": {"S": "claimed"}},
+        )  # fmt: skip
+
+    def notices(self, root: str) -> dict[str, str]:
+        """Every notification of ``root``'s hierarchy still kept: sort key -> state."""
+        return {i["sk"]["S"]: i["state"]["S"] for i in self._query(f"notified#{root}")}
+
+    def _conditional(self, operation: str, **kwargs: Any) -> bool:
+        """One conditional write: whether its condition held."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            getattr(self.client, _snake(operation))(**kwargs)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+                return False
+            raise DurableStoreUnavailable(f"DynamoDB {operation} failed: {e}") from e
+        except BotoCoreError as e:
+            raise DurableStoreUnavailable(f"DynamoDB unreachable ({operation}): {e}") from e
+        return True
+
     # -- reading usage ------------------------------------------------------------------------
 
     def tenants(self) -> list[str]:
@@ -447,7 +514,11 @@ class UsageTable:
         return result
 
 
-_WHO = ("tenant", "org", "key_id", "route", "model", "provider", "user")  # "" when absent
+_WHO = ("tenant", "org", "key_id", "route", "model", "provider", "user", "lease")  # "" absent
+
+
+def _notice_key(root: str, sk: str) -> dict[str, Any]:
+    return {"pk": {"S": f"notified#{root}"}, "sk": {"S": sk}}
 
 
 def _epoch_key(root: str) -> dict[str, Any]:
@@ -455,11 +526,11 @@ def _epoch_key(root: str) -> dict[str, Any]:
 
 
 def _row(who: tuple[str, ...], t: Totals) -> UsageRow:
-    tenant, org, key_id, route, model, provider, user = who
+    tenant, org, key_id, route, model, provider, user, lease = who
     return UsageRow(
         tenant, org, key_id, route, model, provider, t.requests, t.input_tokens,
         t.output_tokens, t.reasoning_tokens, t.cached_input_tokens, t.cost_nusd, t.truncated,
-        t.estimated, t.refused, user,
+        t.estimated, t.refused, user, lease,
     )  # fmt: skip
 
 

@@ -148,6 +148,7 @@ class MessageEncoder:
             delta["stop_sequence"] = None
         base = self._held.get("usage") if self._held else None
         usage = usage_of(charged, passthrough=self.passthrough, base=base)
+        usage["hardcap"] = charged.extension()  # what the ledger charged, cost included
         out += _sse({"type": "message_delta", "delta": delta, "usage": usage})
         return out + _sse({"type": "message_stop"})
 

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Protocol
 
 from hardcap_core.chat import ChatRequest
 from hardcap_core.errors import GatewayError
 from hardcap_core.events import Completion, Event, Usage
 from hardcap_core.ledger import BudgetState, RateState
+
+COST_HEADER = "x-hardcap-cost-usd"
+TOKENS_HEADER = "x-hardcap-tokens-charged"  # input + output tokens the ledger charged
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +30,31 @@ class Charged:
     input_tokens: int
     output_tokens: int
     provider_usage: Usage | None  # the provider's own report, when the stream completed
+    cost_nusd: int = 0  # what the settle charged the budgets, in nano-USD
+    estimate: bool = False  # the counts are the gateway's estimate (a cut, unreported stream)
+
+    def cost_usd(self) -> str:
+        """The cost as an exact decimal USD string ("0.000123"): a float would round it."""
+        return f"{Decimal(self.cost_nusd).scaleb(-9).normalize():f}"
+
+    def extension(self) -> dict[str, Any]:
+        """The ``hardcap`` object added to a stream's final usage: a documented extension
+        field the SDKs keep (openai: ``usage.model_extra``), so a client reads its cost where
+        it reads its tokens. ``cost_usd`` is a JSON number; the header carries the exact
+        string."""
+        return {
+            "cost_usd": self.cost_nusd / 1e9,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "estimate": self.estimate,
+        }
+
+    def headers(self) -> dict[str, str]:
+        """The headers of a whole reply: its cost and the tokens charged (input + output)."""
+        return {
+            COST_HEADER: self.cost_usd(),
+            TOKENS_HEADER: str(self.input_tokens + self.output_tokens),
+        }
 
 
 class StreamEncoder(Protocol):

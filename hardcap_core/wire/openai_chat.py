@@ -137,6 +137,7 @@ class ChunkEncoder:
             out += sse.encode(self._chunk([{"index": 0, "delta": {}, "finish_reason": "length"}]))
         if self.include_usage:
             usage = charged_usage(charged, provider_fields=self.passthrough)
+            usage["hardcap"] = charged.extension()  # what the ledger charged, cost included
             out += sse.encode({**self._chunk([]), "usage": usage})
         return out + sse.encode(sse.DONE)
 

@@ -51,6 +51,8 @@ READ_BY_COMPONENT = {
     # Secrets Manager client (Powertools) and the Bedrock client.
     "AWS_ENDPOINT_URL_SECRETS_MANAGER": "botocore:secretsmanager",
     "AWS_ENDPOINT_URL_BEDROCK_RUNTIME": "botocore:bedrock-runtime",
+    # ... and by the rollup's EventBridge client (budget threshold events).
+    "AWS_ENDPOINT_URL_EVENTBRIDGE": "botocore:eventbridge",
 }
 
 # Variables the code reads that Lambda sets in every execution environment (the role's
@@ -72,6 +74,8 @@ SET_BY_LAMBDA = {
 OPTIONAL_READS = {
     "AWS_LWA_SNAPSTART_BEFORE_CHECKPOINT_PATH",
     "AWS_LWA_SNAPSTART_AFTER_RESTORE_PATH",
+    # Only the rollup sends budget threshold events (rollup/eventbridge.py): set there alone.
+    "HARDCAP_EVENT_BUS",
 }
 
 # Reads whose name is data, not code: the config's `api_key_env` names a variable the operator

@@ -34,6 +34,7 @@ import httpx
 import openai
 import pytest
 
+from hardcap_core.ledger.allowances import ALLOWANCE_SCRIPTS
 from hardcap_core.ledger.scripts import LEDGER_SCRIPTS, STANDALONE_SCRIPTS
 from hardcap_core.local.stack import start_gateway, start_mock
 from hardcap_core.local.valkey import LocalValkey, free_port
@@ -42,7 +43,7 @@ from tests.functional.test_infra_build import find_python313
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = ("lib", *LEDGER_SCRIPTS, *STANDALONE_SCRIPTS)
+SCRIPTS = ("lib", *LEDGER_SCRIPTS, *STANDALONE_SCRIPTS, *ALLOWANCE_SCRIPTS)
 DEMO_KEY = "sk-alpha-demo"  # tenant alpha's key in hardcap_core/local/demo.yaml
 DEMO_MOCK = "127.0.0.1:9001"  # where demo.yaml expects the mock upstream
 # The gateway's hot path: the app, the ledger's RESP pipe, the upstream HTTP transport.

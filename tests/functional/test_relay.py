@@ -310,7 +310,11 @@ async def test_a_stream_the_provider_finishes_is_charged_its_report(
     assert s.sent() == ["w0 ", "w1 ", "w2 ", "finish:stop", "usage", DONE]
     await s.check_ended_once(Outcome.COMPLETED)
     assert (s.meter.charged_input, s.meter.charged_output) == (7, 5)
-    assert s.usage_sent() == {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
+    assert s.usage_sent() == {
+        "prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12,
+        # the extension field: what the settle charged (the test's prices are free)
+        "hardcap": {"cost_usd": 0.0, "input_tokens": 7, "output_tokens": 5, "estimate": False},
+    }  # fmt: skip
 
 
 async def test_a_stream_without_a_usage_report_is_charged_what_went_out(

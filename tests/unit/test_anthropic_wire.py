@@ -155,13 +155,17 @@ def test_empty_events_send_nothing_and_audio_bytes_are_not_text() -> None:
 
 def test_usage_reports_cache_reads_and_writes_beside_the_uncached_input() -> None:
     usage = Usage(1000, 10, cached_input_tokens=600, cache_write_input_tokens=300)
-    out = run(built(), [text("x")], cut=False, charged=Charged(1000, 10, usage))
+    charged = Charged(1000, 10, usage, cost_nusd=2_500_000)
+    out = run(built(), [text("x")], cut=False, charged=charged)
     assert out[-2]["usage"] == {
         "input_tokens": 100,
         "cache_read_input_tokens": 600,
         "cache_creation_input_tokens": 300,
         "output_tokens": 10,
-    }
+        # the extension field: the charge in the gateway's terms, cost included
+        "hardcap": {"cost_usd": 0.0025, "input_tokens": 1000, "output_tokens": 10,
+                    "estimate": False},
+    }  # fmt: skip
 
 
 def anthropic_raw() -> list[Event]:

@@ -106,7 +106,7 @@ def test_usage_on_a_chunk_with_choices_goes_out_only_once_settled(include_usage:
     assert "usage" not in sent
     assert sent["choices"][0]["delta"] == {"content": "Hi"}
     closing = events(encoder.close(cut=False, charged=Charged(9, 3, Usage(9, 3, raw=USAGE))))
-    assert [e["usage"] for e in closing[:-1]] == [USAGE] * include_usage
+    assert [without_extension(e["usage"]) for e in closing[:-1]] == [USAGE] * include_usage
 
 
 def test_the_closing_chunk_has_the_providers_id_and_created() -> None:
@@ -150,7 +150,9 @@ def test_close_sends_length_then_usage_then_done(cut: bool, include_usage: bool)
                 "prompt_tokens": 7,
                 "completion_tokens": 5,
                 "total_tokens": 12,
-            }
+                "hardcap": {"cost_usd": 0.0, "input_tokens": 7, "output_tokens": 5,
+                            "estimate": False},
+            }  # fmt: skip
 
 
 def close_usage(charged: Charged) -> dict[str, Any]:
@@ -158,7 +160,27 @@ def close_usage(charged: Charged) -> dict[str, Any]:
     assert sent[-1] == DONE
     valid_chunk(sent[-2])
     usage: dict[str, Any] = sent[-2]["usage"]
-    return usage
+    assert usage["hardcap"] == charged.extension()
+    return without_extension(usage)
+
+
+def without_extension(usage: dict[str, Any]) -> dict[str, Any]:
+    """The usage object as OpenAI defines it: without Hardcap's `hardcap` extension field."""
+    return {k: v for k, v in usage.items() if k != "hardcap"}
+
+
+def test_the_usage_chunk_carries_the_cost_the_ledger_charged() -> None:
+    charged = Charged(40, 17, None, cost_nusd=123_456, estimate=True)
+    for encoder in (passthrough(include_usage=True), built(include_usage=True)):
+        usage = events(encoder.close(cut=True, charged=charged))[-2]["usage"]
+        assert usage["hardcap"] == {
+            "cost_usd": 0.000123456, "input_tokens": 40, "output_tokens": 17, "estimate": True
+        }  # fmt: skip
+    assert charged.headers() == {
+        "x-hardcap-cost-usd": "0.000123456", "x-hardcap-tokens-charged": "57"
+    }  # fmt: skip
+    assert Charged(1, 1, None, cost_nusd=3_000_000_000).cost_usd() == "3"
+    assert Charged(1, 1, None).cost_usd() == "0"
 
 
 def test_the_usage_chunk_is_the_providers_own_report_when_it_completed() -> None:
