@@ -18,25 +18,19 @@ what a user sees, request round trips included. The goal is 5 s.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from bench import stack
 from bench.machine import machine_info
-from hardcap_core.control.admin import Admin
-from hardcap_core.control.publish import LedgerPublisher
 from hardcap_core.control.store import ConfigStore
-from hardcap_core.ledger import Ledger
-from hardcap_core.ledger.connection import connect
+from hardcap_core.local.admin_serve import admin_caller
 from hardcap_core.local.aws import LocalAws
 from hardcap_core.local.valkey import LocalValkey
 
@@ -77,21 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         data["routes"] = [stack.mock_route("r", max_output_tokens=64)]
         data["tenants"] = [stack.tenant_entry("seed", 10**9, "day")]
 
-        def admin(verb: Callable[[Admin], Awaitable[Any]]) -> Any:
-            async def call() -> Any:
-                client = await connect(valkey.url)
-                try:
-                    ledger = Ledger(client)
-
-                    async def built() -> Ledger:
-                        return ledger
-
-                    store = ConfigStore(aws.config_table, aws.client())
-                    return await verb(Admin(store, data, LedgerPublisher(built)))
-                finally:
-                    await client.aclose()
-
-            return asyncio.run(call())
+        store = ConfigStore(aws.config_table, aws.client())
+        admin = admin_caller(valkey.url, store, data)
 
         try:
             with stack.gateways(data, 2, Path(tmp)) as started:

@@ -10,8 +10,10 @@ Lambda (the artifact leaves ``hardcap_core/local/`` out), and refused there anyw
 
 from __future__ import annotations
 
+import asyncio
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hardcap_core import env
 from hardcap_core.errors import ConfigError
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from hardcap_core.ledger import Ledger
 
 LOCAL_CONFIG_TABLE = "hardcap-config"
+T = TypeVar("T")
 
 
 def local_config_table(embedded: bool) -> str:
@@ -72,3 +75,31 @@ def serve_admin(app: Starlette, config_path: str, table: str, token: str) -> boo
     from hardcap_core.control.admin_api import mount_admin
 
     return mount_admin(app, local_admin(config_path, table, app), token)
+
+
+def admin_caller(
+    redis_url: str, store: Any, file_data: Mapping[str, Any]
+) -> Callable[[Callable[[Admin], Awaitable[T]]], T]:
+    """Run admin verbs from synchronous code (tests, benchmarks) as the admin API would: each
+    call on a fresh event loop, with its own cache client to publish through, closed after."""
+    from hardcap_core.control.admin import Admin
+    from hardcap_core.control.publish import LedgerPublisher
+    from hardcap_core.ledger import Ledger
+    from hardcap_core.ledger.connection import connect
+
+    def call(verb: Callable[[Admin], Awaitable[T]]) -> T:
+        async def run() -> T:
+            client = await connect(redis_url)
+            try:
+                ledger = Ledger(client)
+
+                async def built() -> Ledger:
+                    return ledger
+
+                return await verb(Admin(store, file_data, LedgerPublisher(built)))
+            finally:
+                await client.aclose()
+
+        return asyncio.run(run())
+
+    return call

@@ -10,9 +10,8 @@ on its next request, a disabled tenant gets 403 — and no instance was restarte
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,8 @@ import httpx
 import openai
 import pytest
 
-from hardcap_core.control.admin import Admin, LedgerPublisher
 from hardcap_core.control.store import ConfigStore
-from hardcap_core.ledger import Ledger
-from hardcap_core.ledger.connection import connect
+from hardcap_core.local.admin_serve import admin_caller
 from hardcap_core.local.aws import LocalAws
 from hardcap_core.local.valkey import LocalValkey
 from tests.stack import KEYS, Mock, config_data, gateway_processes
@@ -45,21 +42,8 @@ def stack(
     valkey = flushed
     data = config_data(mock.url, valkey.url)
 
-    def admin(verb: Callable[[Admin], Awaitable[Any]]) -> Any:
-        async def call() -> Any:
-            client = await connect(valkey.url)
-            try:
-                ledger = Ledger(client)
-
-                async def built() -> Ledger:
-                    return ledger
-
-                store = ConfigStore(aws.config_table, aws.client())
-                return await verb(Admin(store, data, LedgerPublisher(built)))
-            finally:
-                await client.aclose()
-
-        return asyncio.run(call())
+    store = ConfigStore(aws.config_table, aws.client())
+    admin = admin_caller(valkey.url, store, data)
 
     with gateway_processes(data, 2, tmp_path) as urls:
         yield urls, admin, data

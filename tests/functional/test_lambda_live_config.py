@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import Any
@@ -21,10 +21,8 @@ import pytest
 import redis
 import yaml
 
-from hardcap_core.control.admin import Admin, LedgerPublisher
 from hardcap_core.control.store import ConfigStore
-from hardcap_core.ledger import Ledger
-from hardcap_core.ledger.connection import connect
+from hardcap_core.local.admin_serve import admin_caller
 from hardcap_core.local.aws import LocalAws
 from hardcap_core.local.valkey import LocalValkey
 from tests.functional.test_lambda_events import (
@@ -59,22 +57,6 @@ def lambda_env(
         spec.loader.exec_module(module)
         return module
 
-    def admin(verb: Callable[[Admin], Awaitable[Any]]) -> Any:
-        async def call() -> Any:
-            client = await connect(valkey.url)
-            try:
-                ledger = Ledger(client)
-
-                async def built() -> Ledger:
-                    return ledger
-
-                store = ConfigStore(aws.config_table, aws.client())
-                return await verb(Admin(store, config, LedgerPublisher(built)))
-            finally:
-                await client.aclose()
-
-        return asyncio.run(call())
-
     worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lambda")
     with (
         LocalAws(table="lambda-usage", config_table="lambda-config") as aws,
@@ -85,6 +67,7 @@ def lambda_env(
         env.setenv("HARDCAP_REDIS_CLUSTER", "false")
         env.setenv("POWERTOOLS_LOG_LEVEL", "WARNING")
         module = worker.submit(load).result(timeout=60)
+        admin = admin_caller(valkey.url, ConfigStore(aws.config_table, aws.client()), config)
 
         def invoke(event: dict[str, Any]) -> dict[str, Any]:
             response: dict[str, Any] = worker.submit(module.handler, event, FakeContext()).result(
