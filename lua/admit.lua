@@ -135,21 +135,10 @@ local refusal = nil
 local sec = math.floor(now / 1000)
 for _, r in ipairs(spec.r) do
   local tag, rpm, tpm = r[1], r[2], r[3]
-  local st = {tag = tag}
-  local names = {tag .. ':rw', tag .. ':rc', tag .. ':rp'}
-  if tpm > 0 then tpm_fields(names, tag) end
-  local f = redis.call('HMGET', KEYS[K_RL], unpack(names))
-  -- Sliding window: this minute's count plus last minute's, weighted by how much of it overlaps.
-  local win = math.floor(now / minute)
-  local w, c, p = tonumber(f[1] or '-1'), tonumber(f[2] or '0'), tonumber(f[3] or '0')
-  if w ~= win then
-    p = (w == win - 1) and c or 0
-    c = 0
-  end
-  local elapsed = now - win * minute
-  st.win, st.c, st.p = win, c, p
+  local st = rate_read(tag, tpm, now)
+  local c, p, elapsed = st.c, st.p, st.elapsed
   if rpm > 0 then
-    local est = p * (minute - elapsed) / minute + c
+    local est = st.est
     if est + 1 > rpm and not refusal then
       local retry
       if c + 1 > rpm or p == 0 then
@@ -169,7 +158,6 @@ for _, r in ipairs(spec.r) do
   -- after the budgets, which may shrink the output this request holds.
   if tpm > 0 then
     st.tpm = tpm
-    st.win_state = tpm_state(tag, f, 4, sec)
     st.room = tpm - st.win_state.live - st.win_state.ended
     table.insert(rate_state, math.max(st.room, 0))
     table.insert(rate_state, tpm_reset(st.win_state, sec, now))

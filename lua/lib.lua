@@ -218,6 +218,26 @@ local function tpm_save(st)
              st.tag .. ':el', st.el)
 end
 
+-- A level's rate state now, read only (one HMGET; admit writes what it changes): the requests
+-- per minute, a sliding window (this minute's count plus last minute's, weighted by how much of
+-- it still overlaps: est), and with tpm > 0 the tokens-per-minute window (win_state).
+local function rate_read(tag, tpm, now)
+  local minute = 60000
+  local names = {tag .. ':rw', tag .. ':rc', tag .. ':rp'}
+  if tpm > 0 then tpm_fields(names, tag) end
+  local f = redis.call('HMGET', KEYS[K_RL], unpack(names))
+  local win = math.floor(now / minute)
+  local w, c, p = tonumber(f[1] or '-1'), tonumber(f[2] or '0'), tonumber(f[3] or '0')
+  if w ~= win then
+    p = (w == win - 1) and c or 0
+    c = 0
+  end
+  local st = {tag = tag, win = win, c = c, p = p, elapsed = now - win * minute}
+  st.est = p * (minute - st.elapsed) / minute + c
+  if tpm > 0 then st.win_state = tpm_state(tag, f, 4, math.floor(now / 1000)) end
+  return st
+end
+
 -- Read a level's window now (one HMGET; a second one for buckets that left it).
 local function tpm_read(tag, sec)
   local names = {}

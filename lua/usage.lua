@@ -5,12 +5,15 @@
 -- KEYS[10..] hc:{root}:u:<window spec>:<window id>  hash  budget field -> used
 --
 -- ARGV[1]  JSON: {b: [[field, dim, limit, used_key_index]...], w: [[start_ms, end_ms, spec]...],
---                 xm: ms an expiry charge is remembered, lv: level tags whose live count to read}
+--                 xm: ms an expiry charge is remembered, lv: level tags whose live count to read,
+--                 r: [[level_tag, rpm_or_0, tpm_or_0]...] (optional: the rate state to read)}
 --
 -- Units: tokens; money in integer nano-USD; times in epoch ms from the server's TIME.
 --
 -- Reply:            {'ok', now_ms, m, then m live counts (reservations holding on each level of
---                    ARGV lv, in order), n, then n triples (used, reserved, reset_ms)}
+--                    ARGV lv, in order), n, then n triples (used, reserved, reset_ms)}, then with
+--                    ARGV r: <rate state> as admit.lua's (k, then k quads: rpm_remaining,
+--                    rpm_reset_ms, tpm_remaining, tpm_reset_ms; -1 where not set), read only
 -- Reply, bad clock: {'clock', now_ms}
 -- Reply, restore:   {'hydrate', now_ms}  (the counters are not in place: restore, call again)
 -- Reply, windows:   {'windows', now_ms, spec...}  (an expired hold needs these windows named)
@@ -36,5 +39,26 @@ for i, b in ipairs(spec.b) do
   table.insert(reply, used[i])
   table.insert(reply, reserved[i])
   table.insert(reply, spec.w[b[4]][2] - now)
+end
+if spec.r then
+  table.insert(reply, #spec.r)
+  for _, r in ipairs(spec.r) do
+    local rpm, tpm = r[2], r[3]
+    local st = rate_read(r[1], tpm, now)
+    if rpm > 0 then
+      table.insert(reply, math.max(math.floor(rpm - st.est), 0))
+      table.insert(reply, 60000 - st.elapsed)
+    else
+      table.insert(reply, -1)
+      table.insert(reply, -1)
+    end
+    if tpm > 0 then
+      table.insert(reply, math.max(tpm - st.win_state.live - st.win_state.ended, 0))
+      table.insert(reply, tpm_reset(st.win_state, math.floor(now / 1000), now))
+    else
+      table.insert(reply, -1)
+      table.insert(reply, -1)
+    end
+  end
 end
 return reply

@@ -25,7 +25,7 @@ from hardcap_core.errors import InvalidRequest, LedgerUnavailable, ServiceUnavai
 from hardcap_core.gateway.answers import usage_row
 from hardcap_core.gateway.charge import request_prices
 from hardcap_core.gateway.unseen import SEEN, unseen_output
-from hardcap_core.ledger.replies import Usage, UsageRow
+from hardcap_core.ledger.replies import RateState, Usage, UsageRow
 from hardcap_core.wire.openai_input import check_pdf_pages
 
 if TYPE_CHECKING:
@@ -194,10 +194,10 @@ async def quote(gw: Gateway, raw: bytes, principal: Principal, parse: Any) -> di
     )
     ask = _ask(gw, route, chat, principal, tokens, max_tokens, expected, held)
     try:
-        usage = await gw.ledger.usage(principal.scope)
+        usage = await gw.ledger.usage(principal.scope, rates=True)
     except LedgerUnavailable as e:
         raise ServiceUnavailable("The budget server is unreachable; retry shortly.") from e
-    decision = decide(ask, usage.rows, _live(usage), ())
+    decision = decide(ask, usage.rows, _live(usage), [_rate_now(r) for r in usage.rates])
     worst = tokens * held.input_nusd + max_tokens * held.output_nusd
     return {
         "object": "hardcap.quote",
@@ -213,9 +213,19 @@ async def quote(gw: Gateway, raw: bytes, principal: Principal, parse: Any) -> di
             _budget(row, tokens, max_tokens, held.input_nusd, held.output_nusd)
             for row in usage.rows
         ],
-        "rate_limits_checked": not principal.scope.rate_limits,
+        "rate_limits_checked": True,
         "advisory": True,
     }
+
+
+def _rate_now(r: RateState) -> RateNow:
+    """A rate limit's state as usage.lua read it, in the terms :func:`decide` checks."""
+    limit = r.limit
+    return RateNow(
+        limit.level.tag, limit.requests_per_minute, r.requests_remaining,
+        r.requests_reset_ms or 0, limit.tokens_per_minute, r.tokens_remaining,
+        r.tokens_reset_ms or 0,
+    )  # fmt: skip
 
 
 def _ask(

@@ -300,15 +300,17 @@ class Ledger:
             key = self.keys.config_version(root)
             await guarded(self.scripts.config_version(keys=[key], args=[int(version)]))
 
-    async def usage(self, scope: Scope) -> Usage:
+    async def usage(self, scope: Scope, *, rates: bool = False) -> Usage:
         """Used, reserved and reset of every budget in ``scope`` (expired holds reclaimed first),
-        and the live reservations of each of its levels (its tenant's as ``live_reservations``)."""
+        and the live reservations of each of its levels (its tenant's as ``live_reservations``);
+        with ``rates``, each rate limit's state too (as an admit would see it, read only)."""
 
         plan = self.plans.of(scope)
+        more_json = f',"r":{plan.rates_json}' if rates else ""
 
         def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
             used_keys, spec = self._spec_json(plan, now_ms, more)
-            return plan.ledger_keys + used_keys, [f'{spec},"lv":{plan.levels_json}}}']
+            return plan.ledger_keys + used_keys, [f'{spec},"lv":{plan.levels_json}{more_json}}}']
 
         return parse_usage(await self._run(self.scripts.usage, build, scope=scope), scope)
 

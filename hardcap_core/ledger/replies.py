@@ -266,6 +266,7 @@ class Usage:
     live_reservations: int
     server_time_ms: int
     live_by_level: tuple[tuple[Level, int], ...] = ()  # per level of the scope, key first
+    rates: tuple[RateState, ...] = ()  # asked for (Ledger.usage(rates=True)): each rate limit
 
     def live_of(self, kind: LevelKind) -> int | None:
         """Live reservations holding on the scope's level of ``kind`` (None: no such level)."""
@@ -447,7 +448,8 @@ def parse_settle(reply: Sequence[Any], scope: Scope) -> Settled:
 
 
 def parse_usage(reply: Sequence[Any], scope: Scope) -> Usage:
-    """usage.lua: {'ok', now_ms, m, m live counts per level, n, then n (used, reserved, reset)}."""
+    """usage.lua: {'ok', now_ms, m, m live counts per level, n, then n (used, reserved, reset),
+    then <rate state> if asked}."""
     r = ReplyReader(scope, reply)
     if r.status != "ok":
         raise r.unexpected("usage")
@@ -456,7 +458,7 @@ def parse_usage(reply: Sequence[Any], scope: Scope) -> Usage:
     n = r.int()
     rows = tuple(UsageRow(b, r.int(), r.int(), r.int()) for b in scope.budgets[:n])
     own = next((c for lv, c in live if lv.kind is LevelKind.TENANT), live[0][1] if live else 0)
-    return Usage(rows, own, r.now_ms, live)
+    return Usage(rows, own, r.now_ms, live, r.rate_states())
 
 
 def parse_estimator(reply: Sequence[Any]) -> EstimatorStats:

@@ -180,3 +180,26 @@ def test_a_bad_body_is_the_chat_endpoints_400_and_auth_is_required(
         anon = httpx.post(f"{base}/hardcap/quote", json=body())
         assert anon.status_code == 401
         assert mock.truth("alpha").get("requests", 0) == 0
+
+
+def test_a_spent_rate_limit_is_quoted_refused_rate_as_the_admit_refuses_it(
+    mock: Mock, flushed: LocalValkey
+) -> None:
+    """Two requests a minute: after two, the quote says the third is refused by the key's
+    requests per minute, when it may come back, and the admit then says the same."""
+    data = config_data(
+        mock.url, flushed.url, **{"tenants.0.keys.0.rate_limits": {"requests_per_minute": 2}}
+    )
+    with gateway_thread(data) as base:
+        first = quote(base, body()).json()
+        assert first["rate_limits_checked"] is True
+        assert first["decision"]["action"] == "admit"
+        for _ in range(2):
+            assert chat(base, body()).status_code == 200
+        q = quote(base, body()).json()
+        assert (q["decision"]["action"], q["decision"]["reason"]) == ("refuse", "rate")
+        assert q["decision"]["budget"] == "k:alpha-k:rpm"
+        assert 0 < q["decision"]["retry_after_seconds"] <= 60
+        refused = chat(base, body())
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "rate_limited"
