@@ -77,8 +77,11 @@ def test_only_the_admin_function_may_write_the_config_table(shape: dict[str, Any
     assert grants(r, "GatewayRole", CONFIG_TABLE) == READS
     assert grants(r, "RollupRole", CONFIG_TABLE) == READS
     assert grants(r, "AdminRole", CONFIG_TABLE) == READS | ADMIN_WRITES
+    # Every other role this render creates (a conditional one, such as the notification
+    # webhook's, only with its parameter set) has nothing on the config table.
     for role in set(ROLES) - {"GatewayRole", "RollupRole", "AdminRole"}:
-        assert not grants(r, role, CONFIG_TABLE), role
+        if role in r.resources:
+            assert not grants(r, role, CONFIG_TABLE), role
     assert grants(r, "AdminRole", USAGE_TABLE) == {"dynamodb:GetItem", "dynamodb:Query"}
     # The admin role names no other table, and no statement of it is conditional.
     for statement in policy(r, "AdminRole"):
