@@ -127,7 +127,7 @@ def _shared(
     rows = [(x.dimension, x.limit, x.window) for x in (b.build(probe) for b in budgets)]
     rpm = rates.requests_per_minute if rates else None
     tpm = rates.tokens_per_minute if rates else None
-    return shared_budgets(kind, name, rows, rpm, tpm)
+    return shared_budgets(kind, name, rows, rpm, tpm, [tuple(b.notify_at) for b in budgets])
 
 
 def _route_shared(r: RouteConfig, upstream: Upstream) -> SharedLimits | None:

@@ -41,10 +41,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from hardcap_core.budgets import Dimension, Window, WindowBounds
+from hardcap_core.budgets import DEFAULT_NOTIFY_AT, Dimension, Window, WindowBounds
 from hardcap_core.errors import LedgerProtocolError
 from hardcap_core.ledger.connection import guarded
 from hardcap_core.ledger.keys import Keyspace
@@ -71,6 +71,8 @@ class SharedBudget:
     measure: str  # the field's middle: dim for a budget, 'rpm' / 'tpm' for a rate
     limit: int  # tokens, requests or nano-USD per window
     window: Window
+    # A budget's thresholds, percent of its limit (rollup/notify.py); a rate has none.
+    notify_at: tuple[int, ...] = field(default=DEFAULT_NOTIFY_AT, compare=False)
 
     @property
     def tag(self) -> str:
@@ -122,13 +124,19 @@ def shared_budgets(
     budgets: Sequence[tuple[Dimension, int, Window]] = (),
     requests_per_minute: int | None = None,
     tokens_per_minute: int | None = None,
+    notify_at: Sequence[tuple[int, ...]] = (),
 ) -> tuple[SharedBudget, ...]:
-    """A route's or an upstream's limits as shared rows (rates over a fixed minute)."""
-    out = [SharedBudget(kind, name, d.short, d.short, limit, w) for d, limit, w in budgets]
+    """A route's or an upstream's limits as shared rows (rates over a fixed minute);
+    ``notify_at``: each budget's thresholds, in order (none given: the default)."""
+    at = list(notify_at) or [DEFAULT_NOTIFY_AT] * len(budgets)
+    out = [
+        SharedBudget(kind, name, d.short, d.short, limit, w, n)
+        for (d, limit, w), n in zip(budgets, at, strict=True)
+    ]
     if requests_per_minute:
-        out.append(SharedBudget(kind, name, "req", "rpm", requests_per_minute, MINUTE))
+        out.append(SharedBudget(kind, name, "req", "rpm", requests_per_minute, MINUTE, ()))
     if tokens_per_minute:
-        out.append(SharedBudget(kind, name, "tot", "tpm", tokens_per_minute, MINUTE))
+        out.append(SharedBudget(kind, name, "tot", "tpm", tokens_per_minute, MINUTE, ()))
     return tuple(out)
 
 

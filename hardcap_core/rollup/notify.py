@@ -23,6 +23,17 @@ a settle cannot know that a parallel settle of another instance crossed the same
 first without a second write in the script. The rollup already reads the counters, holds the
 stream's lease and writes DynamoDB; the cost is latency: an event follows the settle that
 crossed by at most one pass (:data:`hardcap_core.rollup.run.INTERVAL_S`, 5 s) plus the pass.
+
+Budgets that span tenants (a route's, an upstream's: ledger/allowances.py) have no counter of
+their own: each hierarchy charges its spend on one in its own window key, under the shared row's
+field. When the rollup reads a hierarchy's counters it reads those fields too (one ``HMGET`` per
+window, no work on the request's path) and keeps each hierarchy's figure; after the pass, a
+shared budget's use is the sum over every hierarchy (:meth:`Notifications.check_shared`), its
+thresholds are claimed under ``notified#route:<name>`` / ``notified#upstream:<name>`` the same
+way. That sum is a lower bound of the spend at that instant, never more: the counters are what
+admission checks, so settled spend counts whether or not its record is rolled up yet, but holds
+in flight do not, and a hierarchy counts as of the pass that last read it (every hierarchy on an
+invocation's first pass, then those with new records), so an event may lag by a pass.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from hardcap_core.budgets import (
+    DIMENSION_BY_SHORT,
     NANO_USD_PER_USD,
     Budget,
     Dimension,
@@ -46,6 +58,8 @@ from hardcap_core.budgets import (
 from hardcap_core.config import Config
 from hardcap_core.errors import DurableStoreUnavailable, LedgerUnavailable
 from hardcap_core.ledger import Ledger
+from hardcap_core.ledger.allowances import SharedBudget
+from hardcap_core.ledger.connection import guarded
 from hardcap_core.ledger.replies import Usage
 from hardcap_core.logs import logger
 from hardcap_core.rollup.table import UsageTable
@@ -62,29 +76,45 @@ MEMORY = 100_000
 
 @dataclass(frozen=True, slots=True)
 class Notice:
-    """One threshold of one budget reached in one window."""
+    """One threshold of one budget reached in one window: a budget of ``root``'s hierarchy,
+    or (``root`` None) a route's or upstream's over every hierarchy."""
 
-    root: Level
-    budget: Budget
+    root: Level | None
+    budget: Budget | SharedBudget
     window: WindowBounds
     threshold: int  # percent of the limit
     used: int  # tokens, or nano-USD
     at_ms: int  # server time it was read
-    tenant: str | None  # the budget's tenant (None: an org's, or a level above tenants)
+    tenant: str | None  # the budget's tenant (None: an org's, a level above tenants, shared)
+
+    @property
+    def subject(self) -> str:
+        """Whose notifications it is one of (``notified#<subject>``): the hierarchy's root
+        tag, or ``route:<name>`` / ``upstream:<name>``."""
+        if isinstance(self.budget, SharedBudget):
+            return self.budget.owner
+        if self.root is None:
+            raise ValueError("a hierarchy's budget notifies under its root")
+        return self.root.tag
 
     @property
     def sk(self) -> str:
-        """Its sort key under ``notified#<root>``: one item per threshold and window."""
+        """Its sort key under ``notified#<subject>``: one item per threshold and window."""
         return f"{self.budget.field}#{self.window.id}#{self.threshold}"
 
     @property
     def event_id(self) -> str:
-        return f"{self.root.tag}#{self.sk}"
+        return f"{self.subject}#{self.sk}"
 
     def detail(self) -> dict[str, Any]:
         """The event's detail: amounts in the budget's unit (tokens, or USD for cost)."""
         b = self.budget
-        usd = b.dimension is Dimension.COST_USD
+        level: str
+        if isinstance(b, SharedBudget):
+            level, ident, dimension = b.kind, b.name, DIMENSION_BY_SHORT[b.dim]
+        else:
+            level, ident, dimension = b.level.kind.value, b.level.id, b.dimension
+        usd = dimension is Dimension.COST_USD
 
         def amount(n: int) -> int | float:
             return n / NANO_USD_PER_USD if usd else n
@@ -92,9 +122,9 @@ class Notice:
         return {
             "event_id": self.event_id,
             "tenant": self.tenant,
-            "level": b.level.kind.value,
-            "id": b.level.id,
-            "dimension": b.dimension.value,
+            "level": level,
+            "id": ident,
+            "dimension": dimension.value,
             "window": b.window.spec,
             "window_id": self.window.id,
             "window_start": _iso(self.window.start_ms),
@@ -170,6 +200,44 @@ def watched(
     return Scope(levels, tuple(budgets)), tenants
 
 
+def shared_watched(config: Config) -> list[SharedBudget]:
+    """Every route's and upstream's budget that notifies (rates never do), once each."""
+    rows: dict[str, SharedBudget] = {}
+    for route in config.routes.values():
+        for b in route.shared.budgets if route.shared else ():
+            rows.setdefault(b.field, b)
+    for upstream in config.upstreams.values():
+        for b in upstream.shared:
+            rows.setdefault(b.field, b)
+    return [b for b in rows.values() if b.measure == b.dim and b.limit > 0 and b.notify_at]
+
+
+async def shared_used(
+    ledger: Ledger, root: Level, budgets: Sequence[SharedBudget], now_ms: int
+) -> list[tuple[SharedBudget, WindowBounds, int]]:
+    """What ``root``'s hierarchy spent on each of ``budgets`` in its window at ``now_ms``: the
+    shared row's field in the hierarchy's own window key (0 where it spent nothing)."""
+    by_window: dict[str, list[SharedBudget]] = {}
+    for b in budgets:
+        by_window.setdefault(b.window.spec, []).append(b)
+    out: list[tuple[SharedBudget, WindowBounds, int]] = []
+    for rows in by_window.values():
+        bounds = rows[0].window.bounds(now_ms)
+        key = ledger.keys.used_of(root.tag, bounds.spec, bounds.id)
+        values = await guarded(ledger.client.hmget(key, [b.field for b in rows]))
+        out += [(b, bounds, int(v or 0)) for b, v in zip(rows, values, strict=True)]
+    return out
+
+
+@dataclass(slots=True)
+class SharedSpend:
+    """One shared budget's window as the hierarchies read so far saw it."""
+
+    window: WindowBounds
+    by_root: dict[str, int]  # root tag -> what its hierarchy spent
+    at_ms: int  # server time of the latest read
+
+
 class Notifications:
     """The rollup's notifications through ``notifier``; kept across passes (and warm
     invocations), it remembers which notifications are taken so a pass asks DynamoDB only
@@ -178,14 +246,18 @@ class Notifications:
     def __init__(self, notifier: Notifier, owner: str) -> None:
         self.notifier = notifier
         self.owner = owner
-        self._taken: dict[str, int] = {}  # root tag # sk -> window end (ms)
+        self._taken: dict[str, int] = {}  # subject # sk -> window end (ms)
+        # (shared field, window id) -> each hierarchy's spend, as of its last read.
+        self._shared: dict[tuple[str, str], SharedSpend] = {}
+        self._now_ms = 0  # the latest server time read
 
     async def check(
         self, ledger: Ledger, table: UsageTable, config: Config, root: Level,
         users: Iterable[str] = (),
     ) -> int:  # fmt: skip
-        """Send what ``root``'s hierarchy newly reached; how many were sent. A cache or a
-        table that fails is logged: the thresholds are still reached at the next pass."""
+        """Send what ``root``'s hierarchy newly reached; how many were sent. Its part of each
+        route's and upstream's budget is kept for :meth:`check_shared`. A cache or a table
+        that fails is logged: the thresholds are still reached at the next pass."""
         try:
             return await self._check(ledger, table, config, root, users)
         except (LedgerUnavailable, DurableStoreUnavailable) as e:
@@ -198,8 +270,43 @@ class Notifications:
     ) -> int:
         scope, tenants = watched(config, root, users)
         usage = await ledger.usage(scope)
-        self._forget(usage.server_time_ms)
+        now = usage.server_time_ms
+        self._now_ms = max(self._now_ms, now)
+        self._forget(now)
+        for b, window, used in await shared_used(ledger, root, shared_watched(config), now):
+            spend = self._shared.setdefault((b.field, window.id), SharedSpend(window, {}, now))
+            spend.by_root[root.tag] = used
+            spend.at_ms = max(spend.at_ms, now)
         due = [n for n in crossings(usage, root, tenants) if n.event_id not in self._taken]
+        return await self._deliver(table, due)
+
+    async def check_shared(self, table: UsageTable, config: Config) -> int:
+        """Send what the route and upstream budgets newly reached, summed over the
+        hierarchies read so far (:meth:`check` reads them); how many were sent. Call it after
+        a pass's checks: a sum taken midway would only be lower."""
+        self._forget(self._now_ms)
+        budgets = {b.field: b for b in shared_watched(config)}
+        due: list[Notice] = []
+        for (field, _), spend in self._shared.items():
+            b = budgets.get(field)
+            if b is None:
+                continue  # no longer in the config, or it notifies never
+            used = sum(spend.by_root.values())
+            for pct in b.notify_at:
+                if used * 100 >= pct * b.limit:
+                    n = Notice(None, b, spend.window, pct, used, spend.at_ms, None)
+                    if n.event_id not in self._taken:
+                        due.append(n)
+        try:
+            return await self._deliver(table, due)
+        except DurableStoreUnavailable as e:
+            logger.warning("shared threshold notifications not checked; the next pass does",
+                           extra={"error": str(e)})  # fmt: skip
+            return 0
+
+    async def _deliver(self, table: UsageTable, due: Sequence[Notice]) -> int:
+        """Claim each of ``due``, send those claimed, mark them sent (or give the claims of
+        those not delivered back); how many were sent."""
         if not due:
             return 0
         now_s = int(time.time())
@@ -207,7 +314,7 @@ class Notifications:
         for n in due:
             expires = n.window.end_ms // 1000 + KEEP_S
             mine = await asyncio.to_thread(
-                table.claim_notice, root.tag, n.sk, self.owner, now_s, STALE_S, expires
+                table.claim_notice, n.subject, n.sk, self.owner, now_s, STALE_S, expires
             )
             if mine:
                 claimed.append(n)
@@ -219,11 +326,11 @@ class Notifications:
         sent = 0
         for n, ok in zip(claimed, delivered, strict=True):
             if ok:
-                await asyncio.to_thread(table.notice_sent, root.tag, n.sk, self.owner)
+                await asyncio.to_thread(table.notice_sent, n.subject, n.sk, self.owner)
                 self._remember(n)
                 sent += 1
             else:
-                await asyncio.to_thread(table.release_notice, root.tag, n.sk, self.owner)
+                await asyncio.to_thread(table.release_notice, n.subject, n.sk, self.owner)
         return sent
 
     def _remember(self, n: Notice) -> None:
@@ -236,6 +343,8 @@ class Notifications:
         ended = [k for k, end in self._taken.items() if end <= now_ms]
         for k in ended:
             del self._taken[k]
+        for at in [at for at, spend in self._shared.items() if spend.window.end_ms <= now_ms]:
+            del self._shared[at]
 
 
 def _iso(ms: int) -> str:

@@ -165,7 +165,8 @@ async def run_rollup(
     """One pass over every hierarchy the config names; ``client`` is the cache's redis client.
     ``first_pass``: also charge kept settles and report each tenant's budget use (once an
     invocation); later passes leave streams without entries alone. ``notifications``: send
-    the thresholds reached, in every hierarchy on a first pass, else in those it rolled up."""
+    the thresholds reached, in every hierarchy on a first pass, else in those it rolled up,
+    then those of route and upstream budgets, summed over the hierarchies read."""
     from hardcap_core.rollup.restore import durable_ledger
 
     ledger = ledger or durable_ledger(client, config, table)
@@ -189,10 +190,12 @@ async def run_rollup(
             oldest = first if oldest is None else min(oldest, first)
     report.lag_s = 0.0 if oldest is None else max(now_ms - oldest, 0) / 1000
     if notifications is not None:
-        for root in config.roots():
-            if first_pass or root in touched:
-                users = touched.get(root, set())
-                report.notified += await notifications.check(ledger, table, config, root, users)
+        checked = [root for root in config.roots() if first_pass or root in touched]
+        for root in checked:
+            users = touched.get(root, set())
+            report.notified += await notifications.check(ledger, table, config, root, users)
+        if checked:  # route and upstream budgets: summed over the hierarchies just read
+            report.notified += await notifications.check_shared(table, config)
     if metrics is not None:
         if first_pass:
             await _budget_percents(ledger, config, metrics)
