@@ -1,7 +1,7 @@
-"""The Lua scripts in ``lua/``, read once and registered on a client.
+"""The Lua scripts in ``hardcap_core/lua/``, read once and registered on a client.
 
-In a source checkout they live in ``<repo>/lua``; in an installed wheel (and the Lambda artifact)
-in ``hardcap_core/lua``. The ledger scripts get ``lib.lua`` prepended so each registered script
+They ship inside the package, so a checkout, a wheel and the Lambda artifact find them the same
+way. The ledger scripts get ``lib.lua`` prepended so each registered script
 is self-contained on the server. redis-py's script objects call EVALSHA and reload the script
 on NOSCRIPT, so a ``SCRIPT FLUSH`` or a failover to a fresh node costs one extra round trip.
 """
@@ -23,15 +23,9 @@ STANDALONE_SCRIPTS = ("estimator_record", "estimator_vote", "unlock", "breaker",
 
 
 def lua_dir() -> Path:
-    """Where the scripts are: packaged in ``hardcap_core/lua``, or the repository's ``lua/``."""
-    package = Path(__file__).resolve().parent.parent  # hardcap_core/
-    packaged = package / "lua"
-    if (packaged / "admit.lua").is_file():
-        return packaged
-    source = package.parent / "lua"
-    if (source / "admit.lua").is_file():
-        return source
-    raise FileNotFoundError(f"Lua scripts not found in {packaged} or {source}")
+    """Where the scripts are: ``hardcap_core/lua``, beside this package's modules (a checkout,
+    an installed wheel and the Lambda artifact alike)."""
+    return Path(__file__).resolve().parent.parent / "lua"
 
 
 @cache

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 
 ARTIFACT = "GatewayFunction"
 TEMPLATE_RESOURCES = load_template()["Resources"]
-FORBIDDEN = ("tests", "bench", "docs", "events", "infra", "functions", "examples", "lua", ".git")
+FORBIDDEN = ("tests", "bench", "docs", "events", "infra", "functions", "examples", ".git")
 
 
 def find_python313() -> str | None:
@@ -111,7 +111,7 @@ def test_artifact_holds_the_function_and_nothing_else(artifact: Path) -> None:
 def test_artifact_carries_every_lua_script(artifact: Path) -> None:
     packaged = artifact / "hardcap_core" / "lua"
     assert (packaged / "admit.lua").is_file()
-    expected = {p.name: p.read_bytes() for p in (ROOT / "lua").glob("*.lua")}
+    expected = {p.name: p.read_bytes() for p in (ROOT / "hardcap_core" / "lua").glob("*.lua")}
     assert {p.name: p.read_bytes() for p in packaged.glob("*.lua")} == expected
 
 
@@ -249,7 +249,7 @@ def test_python_handler_artifacts_are_the_same_recipe_with_their_handler(
     assert {"local", "cli.py"} <= dev_only_modules() and not shipped & dev_only_modules()
     assert (built / "config.yaml").read_bytes() == (ROOT / "examples/config.yaml").read_bytes()
     lua = {p.name: p.read_bytes() for p in (built / "hardcap_core" / "lua").glob("*.lua")}
-    assert lua == {p.name: p.read_bytes() for p in (ROOT / "lua").glob("*.lua")}
+    assert lua == {p.name: p.read_bytes() for p in (ROOT / "hardcap_core" / "lua").glob("*.lua")}
 
     # Everything but the handler files (and their bytecode) is what the gateway ships.
     def tree(root: Path) -> set[str]:

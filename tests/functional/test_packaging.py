@@ -201,7 +201,7 @@ def test_wheel_contains_every_script(wheel: Path) -> None:
         for name in SCRIPTS:
             packed = f"hardcap_core/lua/{name}.lua"
             assert packed in names
-            assert z.read(packed) == (REPO / "lua" / f"{name}.lua").read_bytes()
+            assert z.read(packed) == (REPO / "hardcap_core" / "lua" / f"{name}.lua").read_bytes()
         demo = "hardcap_core/local/demo.yaml"
         assert z.read(demo) == (REPO / demo).read_bytes()
 
@@ -240,8 +240,8 @@ def test_installed_wheel_finds_and_runs_its_scripts(
     assert package == site_packages(plain_venv) / "hardcap_core"
     assert Path(got["lua_dir"]) == package / "lua"
     assert str(REPO) not in got["sys_path"]
-    lib = (REPO / "lua" / "lib.lua").read_text(encoding="utf-8")
-    admit = (REPO / "lua" / "admit.lua").read_text(encoding="utf-8")
+    lib = (REPO / "hardcap_core" / "lua" / "lib.lua").read_text(encoding="utf-8")
+    admit = (REPO / "hardcap_core" / "lua" / "admit.lua").read_text(encoding="utf-8")
     assert lib in got["admit_source"] and admit in got["admit_source"]
     assert got["used"] == 15
 
