@@ -35,7 +35,7 @@ test: lint $(SAM_VENV)/.installed
 	PATH="$$PATH:$(abspath $(SAM_VENV))/bin" HARDCAP_REQUIRE_SAM=1 $(BIN)/python -m pytest -q
 
 bench-quick: $(BIN)/.installed
-	PYTHONPATH=. $(BIN)/python bench/overshoot.py --quick --check
+	$(BIN)/python -m bench overshoot --quick --check
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,15 +1,19 @@
 """Markdown tables from the benchmark result files, written between markers, never by hand.
 
-Reads bench/results/{overshoot,overhead,ledger,wrk-transport-ab}.json and replaces the blocks
-between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (NAME: ledger, overshoot, overhead,
-wrk, speed-goals, levers, goals, overshoot-realistic)
-in docs/benchmarks.md, and in README.md where those markers exist (nothing else in either file
-changes). Prints the tables too. The output depends only on the JSON: the same files always
-give the same bytes.
+Reads the published results of bench/catalogue.py and replaces the blocks between
+``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (NAME: one of :data:`BLOCKS`) in
+docs/benchmarks.md, docs/coldstart.md (its "Now:" figure), README.md (its headline block) and
+bench/README.md (the catalogue: one row per published result); nothing else in those files
+changes. Prints the tables too. The output
+depends only on the JSON and the git history: the same files at one commit give the same bytes.
 
-    PYTHONPATH=. /tmp/venv/bin/python bench/report.py
-    PYTHONPATH=. /tmp/venv/bin/python bench/report.py --print-only \
-        --overshoot bench/results/overshoot-quick.json --overhead bench/results/overhead-quick.json
+Each table's caption says the commit its result measured and, when the code the result
+measures (the catalogue's ``measures``) changed after that commit, where. A result whose stored
+command holds an absolute path cannot be rerun elsewhere: it is refused (its tables are not
+regenerated), named on stderr, and the exit status is 1.
+
+    python -m bench report
+    python -m bench report --print-only --overshoot /tmp/overshoot.json
 """
 
 from __future__ import annotations
@@ -22,13 +26,45 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.report_format import before_refusal, failed, ms, num, pct, queue_wait
-from bench.report_goals import goals_table
-from bench.report_realistic import realistic_tables
-from bench.report_speed import levers_table, speed_goals_table, wrk_tables
+from bench.catalogue import published
+from bench.lib.freshness import check
+from bench.lib.report_catalogue import catalogue_table
+from bench.lib.report_coldstart import coldstart_now
+from bench.lib.report_failover import failover_table
+from bench.lib.report_format import before_refusal, failed, ms, num, pct, queue_wait
+from bench.lib.report_goals import goals_table
+from bench.lib.report_headline import headline_table
+from bench.lib.report_lambda import lambda_share_table
+from bench.lib.report_ledger import RUNS as LEDGER_RUNS
+from bench.lib.report_ledger import ledger_runs_table
+from bench.lib.report_propagation import propagation_table
+from bench.lib.report_realistic import realistic_tables
+from bench.lib.report_speed import levers_table, speed_goals_table, wrk_tables
+from bench.lib.report_tpm import LIMITERS as TPM_RUNS
+from bench.lib.report_tpm import tpm_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+# Every generated block, by marker name: the result files it is made from. A marker in the docs
+# without an entry here, or an entry without a marker, fails bench/tests/test_markers.py.
+BLOCKS = {
+    "goals": "overshoot.json, overhead.json",
+    "overshoot": "overshoot.json",
+    "overshoot-realistic": "overshoot-realistic.json",
+    "tpm-window": "tpm-window.json, tpm-window-before.json",
+    "live-config-propagation": "live-config-propagation.json",
+    "wrk": "wrk-overhead.json",
+    "speed-goals": "wrk-overhead.json",
+    "levers": "levers.json",
+    "lambda-share": "lambda-share.json",
+    "ledger": "ledger.json",
+    "ledger-runs": "ledger*.json",
+    "overhead": "overhead.json",
+    "failover": "failover.json",
+    "headline": "overshoot.json, wrk-overhead.json, lambda-share.json, failover.json",
+    "coldstart-now": "coldstart-artifact-head.json",
+    "catalogue": "bench/catalogue.py and every result file",
+}
 MODE_ORDER = (
     "count_after",
     "max_tokens",
@@ -273,6 +309,19 @@ def ledger_tables(data: dict[str, Any], source: str) -> str:
     return "\n".join(rows)
 
 
+def measured(path: Path) -> str:
+    """The caption line saying which commit ``path`` measured and whether its code changed since."""
+    bench = published().get(path.name)
+    measures = bench.measures if bench else ("hardcap_core",)
+    return f"_{_rel(path)}: {check(path, measures).caption()}._"
+
+
+def refused(path: Path) -> bool:
+    """True if ``path``'s stored command holds an absolute path (so it cannot be rerun as is)."""
+    bench = published().get(path.name)
+    return check(path, bench.measures if bench else ("hardcap_core",)).absolute
+
+
 def build(
     overshoot: Path | None,
     overhead: Path | None,
@@ -280,27 +329,75 @@ def build(
     wrk: Path | None = None,
     levers: Path | None = None,
     realistic: Path | None = None,
+    lambda_share: Path | None = None,
+    refuse: list[Path] | None = None,
+    failover: Path | None = None,
+    tpm: Path | None = None,
+    propagation: Path | None = None,
+    coldstart: Path | None = None,
 ) -> dict[str, str]:
+    """The blocks by marker name; a result in ``refuse`` (or refused now) makes no block."""
+    refusals = refuse if refuse is not None else []
+
+    def read(path: Path | None) -> dict[str, Any] | None:
+        if not path or not path.exists():
+            return None
+        if refused(path):
+            refusals.append(path)
+            return None
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+
+    def stamp(block: str, path: Path) -> str:
+        return f"{block}\n\n{measured(path)}"
+
     blocks = {}
-    if realistic and realistic.exists():
-        data = json.loads(realistic.read_text())
-        blocks["overshoot-realistic"] = realistic_tables(data, _rel(realistic))
-    if levers and levers.exists():
-        blocks["levers"] = levers_table(json.loads(levers.read_text()), _rel(levers))
-    if wrk and wrk.exists():
-        data = json.loads(wrk.read_text())
-        blocks["wrk"] = wrk_tables(data, _rel(wrk))
-        blocks["speed-goals"] = speed_goals_table(data)
-    if ledger and ledger.exists():
-        blocks["ledger"] = ledger_tables(json.loads(ledger.read_text()), _rel(ledger))
-    shoot = json.loads(overshoot.read_text()) if overshoot and overshoot.exists() else None
-    head = json.loads(overhead.read_text()) if overhead and overhead.exists() else None
+    headline: dict[str, dict[str, Any]] = {}
+    if realistic and (data := read(realistic)):
+        blocks["overshoot-realistic"] = stamp(realistic_tables(data, _rel(realistic)), realistic)
+    if levers and (data := read(levers)):
+        blocks["levers"] = stamp(levers_table(data, _rel(levers)), levers)
+    if wrk and (data := read(wrk)):
+        blocks["wrk"] = stamp(wrk_tables(data, _rel(wrk)), wrk)
+        blocks["speed-goals"] = stamp(speed_goals_table(data), wrk)
+        headline["wrk-overhead.json"] = data
+    if ledger and (data := read(ledger)):
+        blocks["ledger"] = stamp(ledger_tables(data, _rel(ledger)), ledger)
+        runs = {name: read(ledger.with_name(name)) for name, _ in LEDGER_RUNS}
+        present = {name: data for name, data in runs.items() if data}
+        blocks["ledger-runs"] = stamp(ledger_runs_table(present), ledger)
+    if failover and (data := read(failover)):
+        blocks["failover"] = stamp(failover_table(data), failover)
+        headline["failover.json"] = data
+    if lambda_share and (data := read(lambda_share)):
+        blocks["lambda-share"] = stamp(lambda_share_table(data), lambda_share)
+        headline["lambda-share.json"] = data
+    if tpm:
+        tpm_runs: dict[str, dict[str, Any]] = {}
+        for name, _ in TPM_RUNS:
+            if data := read(tpm.with_name(name)):
+                tpm_runs[name] = data
+        if tpm_runs:
+            captions = "  \n".join(measured(tpm.with_name(name)) for name in tpm_runs)
+            blocks["tpm-window"] = f"{tpm_table(tpm_runs)}\n\n{captions}"
+    if propagation and (data := read(propagation)):
+        blocks["live-config-propagation"] = stamp(propagation_table(data), propagation)
+    if coldstart and (data := read(coldstart)):
+        blocks["coldstart-now"] = stamp(coldstart_now(data), coldstart)
+    shoot = read(overshoot)
+    head = read(overhead)
     if shoot and overshoot:
-        blocks["overshoot"] = overshoot_tables(shoot, _rel(overshoot))
+        blocks["overshoot"] = stamp(overshoot_tables(shoot, _rel(overshoot)), overshoot)
+        headline["overshoot.json"] = shoot
     if head and overhead:
-        blocks["overhead"] = overhead_tables(head, _rel(overhead))
+        blocks["overhead"] = stamp(overhead_tables(head, _rel(overhead)), overhead)
     if shoot or head:
         blocks["goals"] = goals_table(shoot, head)
+    if headline:
+        sources = {"overshoot.json": overshoot, "wrk-overhead.json": wrk}
+        sources |= {"lambda-share.json": lambda_share, "failover.json": failover}
+        stamps = [measured(path) for name, path in sources.items() if path and name in headline]
+        blocks["headline"] = headline_table(headline) + "\n\n" + "  \n".join(stamps)
     return blocks
 
 
@@ -312,25 +409,56 @@ def _rel(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--overshoot", type=Path, default=RESULTS / "overshoot.json")
-    p.add_argument("--overhead", type=Path, default=RESULTS / "overhead.json")
-    p.add_argument("--ledger", type=Path, default=RESULTS / "ledger.json")
-    p.add_argument("--wrk", type=Path, default=RESULTS / "wrk-transport-ab.json")
-    p.add_argument("--levers", type=Path, default=RESULTS / "levers.json")
-    p.add_argument("--realistic", type=Path, default=RESULTS / "overshoot-realistic.json")
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--results", type=Path, default=RESULTS, help="where the result files are")
+    p.add_argument("--overshoot", type=Path, help="default RESULTS/overshoot.json")
+    p.add_argument("--overhead", type=Path, help="default RESULTS/overhead.json")
+    p.add_argument("--ledger", type=Path, help="default RESULTS/ledger.json")
+    p.add_argument("--wrk", type=Path, help="default RESULTS/wrk-overhead.json")
+    p.add_argument("--levers", type=Path, help="default RESULTS/levers.json")
+    p.add_argument("--realistic", type=Path, help="default RESULTS/overshoot-realistic.json")
+    p.add_argument("--lambda-share", type=Path, help="default RESULTS/lambda-share.json")
+    p.add_argument("--failover", type=Path, help="default RESULTS/failover.json")
+    p.add_argument("--tpm", type=Path, help="default RESULTS/tpm-window.json (and -before beside)")
+    p.add_argument("--propagation", type=Path, help="default RESULTS/live-config-propagation.json")
+    p.add_argument("--coldstart", type=Path, help="default RESULTS/coldstart-artifact-head.json")
     p.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     p.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    p.add_argument("--coldstart-doc", type=Path, default=ROOT / "docs" / "coldstart.md")
+    p.add_argument("--catalogue", type=Path, default=ROOT / "bench" / "README.md")
     p.add_argument("--print-only", action="store_true")
     ns = p.parse_args(argv)
-    blocks = build(ns.overshoot, ns.overhead, ns.ledger, ns.wrk, ns.levers, ns.realistic)
-    for name, block in blocks.items():
+    res: Path = ns.results
+
+    def given(path: Path | None, name: str) -> Path:
+        return path if path is not None else res / name
+
+    refusals: list[Path] = []
+    blocks = build(
+        given(ns.overshoot, "overshoot.json"), given(ns.overhead, "overhead.json"),
+        given(ns.ledger, "ledger.json"), given(ns.wrk, "wrk-overhead.json"),
+        given(ns.levers, "levers.json"), given(ns.realistic, "overshoot-realistic.json"),
+        given(ns.lambda_share, "lambda-share.json"), refuse=refusals,
+        failover=given(ns.failover, "failover.json"), tpm=given(ns.tpm, "tpm-window.json"),
+        propagation=given(ns.propagation, "live-config-propagation.json"),
+        coldstart=given(ns.coldstart, "coldstart-artifact-head.json"),
+    )  # fmt: skip
+    catalogue = {"catalogue": catalogue_table(res, check)}
+    refusals += [
+        res / name
+        for name, bench in published().items()
+        if (res / name).exists() and check(res / name, bench.measures).absolute
+    ]
+    for name, block in {**blocks, **catalogue}.items():
         print(f"<!-- bench:{name} -->\n{block}\n<!-- /bench:{name} -->\n")
     if not ns.print_only:
-        for path in (ns.doc, ns.readme):
-            if update(path, blocks):
+        docs = (ns.doc, ns.readme, ns.coldstart_doc)
+        for path, wanted in (*((d, blocks) for d in docs), (ns.catalogue, catalogue)):
+            if update(path, wanted):
                 print(f"updated {path}", file=sys.stderr)
-    return 0
+    for path in sorted(set(refusals)):
+        print(f"refused {_rel(path)}: its stored command holds an absolute path", file=sys.stderr)
+    return 1 if refusals else 0
 
 
 if __name__ == "__main__":

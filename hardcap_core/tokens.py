@@ -42,7 +42,7 @@ def streamed_tokens(text: str, chars_per_token: float) -> int:
 
 # -- input: an upper bound by character class -----------------------------------------------------
 #
-# Weights in tokens, measured against cl100k_base (bench/input_estimate.py, docs/design.md
+# Weights in tokens, measured against cl100k_base (bench/budget/input_estimate.py, docs/design.md
 # "Counting") on prose, code, JSON, 15 languages, emoji, random text of every class, and strings
 # built by a greedy search for the most tokens per character. Why each is what it is:
 # - A BPE token is at least one byte, so one token per byte can never be low. Non-ASCII bytes,

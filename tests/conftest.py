@@ -7,7 +7,7 @@ fakeredis: the ledger's guarantees are properties of the server running the Lua 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -16,7 +16,11 @@ from redis.asyncio.cluster import RedisCluster
 from hardcap_core.budgets import Budget, Dimension, Level, LevelKind, RateLimit, Scope, Window
 from hardcap_core.ledger import Ledger
 from hardcap_core.ledger.connection import connect
+from hardcap_core.local.aws import OneCallAtATime
 from hardcap_core.local.valkey import LocalCluster, LocalValkey
+
+if TYPE_CHECKING:
+    from hardcap_core.rollup.table import UsageTable
 
 
 @pytest.fixture(scope="session")
@@ -89,3 +93,18 @@ def scope(
         tuple(Budget(lvl, dim, lim, Window.parse(w)) for lvl, dim, lim, w in budgets),
         rates,
     )
+
+
+@pytest.fixture
+def usage_table() -> Iterator[UsageTable]:
+    """The usage table ("usage", as the SAM template defines it) in moto's DynamoDB, new for
+    each test."""
+    import boto3  # here, not at collection: most tests never touch DynamoDB
+    from moto import mock_aws
+
+    from hardcap_core.rollup.table import UsageTable, create_table
+
+    with mock_aws():
+        client = boto3.client("dynamodb", region_name="us-east-1")
+        create_table(client, "usage")
+        yield UsageTable(OneCallAtATime(client), "usage")

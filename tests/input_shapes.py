@@ -1,7 +1,7 @@
 """Request shapes for the input estimate: each a chat body exercising one kind of billed input.
 
 Shared by the unit tests that the gateway's estimate (and a tokenizer route's count) is never
-below the mock's tiktoken bill, the end-to-end budget tests, and ``bench/input_estimate.py``
+below the mock's tiktoken bill, the end-to-end budget tests, and ``bench/budget/input_estimate.py``
 (the table in docs/design.md), which imports it from here: tests import nothing from bench/.
 Every shape is deterministic: texts are written here or seeded, media are generated.
 """

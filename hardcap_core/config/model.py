@@ -44,8 +44,9 @@ class Policy(StrEnum):
     COUNT_AFTER = "count_after"  # the benchmarks' baseline: reserve nothing, charge at the end
 
     @property
-    def cuts(self) -> bool:
-        """Whether a stream is ended when its reservation cannot grow."""
+    def truncates(self) -> bool:
+        """Whether a stream is ended (finish "length") when its reservation cannot grow; the
+        meter's decisions per policy are :mod:`hardcap_core.gateway.holds`."""
         return self is Policy.TRUNCATE
 
     @property

@@ -5,6 +5,12 @@ Checks across sections, error messages and the runtime objects built from a vali
 :mod:`hardcap_core.config.validation`; the reference with every field is ``docs/config.md``.
 The gateway never holds these models: a valid file becomes :mod:`hardcap_core.config.settings`
 values and :mod:`hardcap_core.config.model` objects, so a request never imports pydantic.
+
+Defaults: a field's default is written here unless the running gateway needs it without
+pydantic; then it is written once in the pydantic-free settings it becomes (the ``gateway:``
+section, its breaker and a route's estimator: :mod:`hardcap_core.config.settings`), and the
+field reads it from there. docs/config.md states every default; tests/unit/test_config_defaults.py
+holds the docs, the settings, the meter, the ledger and the providers equal to these.
 """
 
 from __future__ import annotations
@@ -26,10 +32,15 @@ from hardcap_core.budgets import (
     Window,
 )
 from hardcap_core.config.secrets import KeySource, KeySourceKind
+from hardcap_core.config.settings import (
+    DEFAULT_GATEWAY,
+    EstimatorSettings,
+    GatewaySettings,
+    UnseenOutput,
+)
 
 # BreakerSettings and check_redis_url re-exported: they were defined here (ledger/breakers.py).
 from hardcap_core.config.settings import BreakerSettings as BreakerSettings
-from hardcap_core.config.settings import EstimatorSettings, GatewaySettings, UnseenOutput
 from hardcap_core.config.settings import check_redis_url as check_redis_url
 
 # Lua numbers are doubles: the ledger adds integers exactly only up to 2**53.
@@ -59,12 +70,20 @@ class _Model(BaseModel):
     )
 
 
+# The defaults of the runtime settings these models become (see the module's docstring).
+# An issuer's are written below: reading identity/issuers.py would import the gateway's
+# transport and Powertools wherever a config is validated.
+_G = DEFAULT_GATEWAY
+_BREAKER = DEFAULT_GATEWAY.breaker
+_ESTIMATOR = EstimatorSettings()
+
+
 class BreakerConfig(_Model):
     """A circuit breaker per upstream, its state shared by every instance through the cache."""
 
-    failures: PosInt = 5  # consecutive failures that open it
-    cooldown_seconds: PosFloat = 30.0  # how long it stays open before probing
-    half_open_probes: PosInt = 1  # requests let through at once to probe an open upstream
+    failures: PosInt = _BREAKER.failures
+    cooldown_seconds: PosFloat = _BREAKER.cooldown_seconds
+    half_open_probes: PosInt = _BREAKER.half_open_probes
 
     def settings(self) -> BreakerSettings:
         return BreakerSettings(self.failures, self.cooldown_seconds, self.half_open_probes)
@@ -73,22 +92,22 @@ class BreakerConfig(_Model):
 class GatewayConfig(_Model):
     """The ``gateway:`` section: how this gateway talks to the budget server and streams."""
 
-    redis_url: str | None = None
-    redis_cluster: bool = False
-    reservation_ttl_seconds: PosFloat = 120.0
-    max_body_bytes: PosInt = 1_048_576
-    extend_step_tokens: PosInt = 64
-    extend_when_within: NonNegInt = 32
-    truncate_guard_tokens: NonNegInt = 4
-    truncate_guard_ms: NonNegFloat = 50.0
-    shed_when_loop_lag_ms: NonNegFloat = 1000.0
-    upstream_timeout_seconds: PosFloat = 300.0
-    chars_per_token: PosFloat = 4.0
-    log_prompts: bool = False
-    queue_wait_seconds: NonNegFloat = 5.0
-    extend_headroom_tokens: NonNegInt = 48
-    lease_max_depth: PosInt = 4
-    lease_max_ttl_seconds: PosFloat = 86_400.0
+    redis_url: str | None = _G.redis_url
+    redis_cluster: bool = _G.redis_cluster
+    reservation_ttl_seconds: PosFloat = _G.reservation_ttl_seconds
+    max_body_bytes: PosInt = _G.max_body_bytes
+    extend_step_tokens: PosInt = _G.extend_step_tokens
+    extend_when_within: NonNegInt = _G.extend_when_within
+    truncate_guard_tokens: NonNegInt = _G.truncate_guard_tokens
+    truncate_guard_ms: NonNegFloat = _G.truncate_guard_ms
+    shed_when_loop_lag_ms: NonNegFloat = _G.shed_when_loop_lag_ms
+    upstream_timeout_seconds: PosFloat = _G.upstream_timeout_seconds
+    chars_per_token: PosFloat = _G.chars_per_token
+    log_prompts: bool = _G.log_prompts
+    queue_wait_seconds: NonNegFloat = _G.queue_wait_seconds
+    extend_headroom_tokens: NonNegInt = _G.extend_headroom_tokens
+    lease_max_depth: PosInt = _G.lease_max_depth
+    lease_max_ttl_seconds: PosFloat = _G.lease_max_ttl_seconds
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
 
     @field_validator("redis_url")
@@ -165,9 +184,9 @@ class UpstreamConfig(_Model):
 class EstimatorConfig(_Model):
     """How much output to reserve up front: ``max_tokens``, a ``fixed`` amount, or a rolling p95."""
 
-    kind: Literal["max_tokens", "fixed", "p95"] = "max_tokens"
-    fixed_tokens: PosInt | None = None
-    min_samples: PosInt = 50
+    kind: Literal["max_tokens", "fixed", "p95"] = _ESTIMATOR.kind
+    fixed_tokens: PosInt | None = _ESTIMATOR.fixed_tokens
+    min_samples: PosInt = _ESTIMATOR.min_samples
 
     @model_validator(mode="before")
     @classmethod
@@ -443,6 +462,12 @@ class TenantConfig(LevelConfig):
     # or required (a request without one is a 400 naming the field). Needs `users`.
     end_users: Literal["off", "optional", "required"] = "off"
     jwt: TenantJwtConfig | None = None  # accept OIDC tokens mapped to this tenant
+
+    @field_validator("end_users", mode="before")
+    @classmethod
+    def _end_users_off(cls, v: Any) -> Any:
+        # YAML 1.1 reads the documented `end_users: off` as false.
+        return "off" if v is False else v
 
     @model_validator(mode="after")
     def _users(self) -> TenantConfig:

@@ -4,6 +4,11 @@ The file's pydantic models (:mod:`hardcap_core.config.schema`) validate a config
 into these once, at load. Nothing a request runs imports pydantic: importing it and defining the
 models is about 150 ms of a cold start (docs/coldstart.md), and a cold start that loads the
 build's validated copy (:func:`hardcap_core.config.loader.load_config`) never validates.
+
+The defaults of the ``gateway:`` section (its ``breaker:`` too) and of a route's ``estimator:``
+are written here, once: the schema's fields read them (:data:`DEFAULT_GATEWAY`), and so do the
+meter and the ledger, which must not import pydantic to learn them. docs/config.md states them
+and tests/unit/test_config_defaults.py holds the two equal.
 """
 
 from __future__ import annotations
@@ -77,6 +82,10 @@ class GatewaySettings:
     lease_max_depth: int = 4
     lease_max_ttl_seconds: float = 86_400.0
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
+
+
+# Every gateway default, for code that needs one without a config (the meter's, the ledger's).
+DEFAULT_GATEWAY = GatewaySettings()
 
 
 def check_redis_url(url: str) -> str:

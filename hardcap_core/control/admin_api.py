@@ -79,137 +79,53 @@ def admin_routes(admin: Admin, authenticate: Authenticate) -> list[BaseRoute]:
     def r(path: str, verb: Verb, method: str, status: int = 200) -> Route:
         return Route(path, endpoint(verb, status), methods=[method])
 
+    A = Admin
     return [Mount(PREFIX, routes=[
-        r("/tenants", _list_tenants, "GET"),
-        r("/tenants", _create_tenant, "POST", 201),
-        r("/tenants/{id}", _show_tenant, "GET"),
-        r("/tenants/{id}", _update_tenant, "PATCH"),
-        r("/tenants/{id}/disable", _disable_tenant, "POST"),
-        r("/tenants/{id}/enable", _enable_tenant, "POST"),
-        r("/orgs", _list_orgs, "GET"),
-        r("/orgs", _create_org, "POST", 201),
-        r("/orgs/{id}", _update_org, "PATCH"),
-        r("/orgs/{id}/disable", _disable_org, "POST"),
-        r("/orgs/{id}/enable", _enable_org, "POST"),
-        r("/keys", _list_keys, "GET"),
-        r("/keys", _create_key, "POST", 201),
-        r("/keys/{id}/rotate", _rotate_key, "POST", 201),
-        r("/keys/{id}/revoke", _revoke_key, "POST"),
-        r("/budgets", _set_budget, "PUT"),
-        r("/budgets/remove", _remove_budget, "POST"),
-        r("/rate-limits", _set_rate_limits, "PUT"),
-        r("/overrides", _list_overrides, "GET"),
-        r("/overrides/{id}", _cancel_override, "DELETE"),
-        r("/usage", _usage, "GET"),
-        r("/audit", _audit, "GET"),
-        r("/config/plan", _plan, "POST"),
-        r("/config/apply", _apply, "POST"),
-        r("/config/export", _export, "GET"),
+        r("/tenants", call(A.list_tenants), "GET"),
+        r("/tenants", call(A.create_tenant, _who, _json), "POST", 201),
+        r("/tenants/{id}", call(A.show_tenant, _id), "GET"),
+        r("/tenants/{id}", call(A.update_tenant, _who, _id, _json), "PATCH"),
+        r("/tenants/{id}/disable", call(A.disable_tenant, _who, _id), "POST"),
+        r("/tenants/{id}/enable", call(A.enable_tenant, _who, _id), "POST"),
+        r("/orgs", call(A.list_orgs), "GET"),
+        r("/orgs", call(A.create_org, _who, _json), "POST", 201),
+        r("/orgs/{id}", call(A.update_org, _who, _id, _json), "PATCH"),
+        r("/orgs/{id}/disable", call(A.disable_org, _who, _id), "POST"),
+        r("/orgs/{id}/enable", call(A.enable_org, _who, _id), "POST"),
+        r("/keys", call(A.list_keys, _query("tenant")), "GET"),
+        r("/keys", call(A.create_key, _who, _json), "POST", 201),
+        r("/keys/{id}/rotate", call(A.rotate_key, _who, _id, _json), "POST", 201),
+        r("/keys/{id}/revoke", call(A.revoke_key, _who, _id), "POST"),
+        r("/budgets", call(A.set_budget, _who, _json), "PUT"),
+        r("/budgets/remove", call(A.remove_budget, _who, _json), "POST"),
+        r("/rate-limits", call(A.set_rate_limits, _who, _json), "PUT"),
+        r("/overrides", call(A.list_overrides, _flag("all")), "GET"),
+        r("/overrides/{id}", call(A.cancel_override, _who, _id), "DELETE"),
+        r("/usage", call(A.usage, _query("since", "24h"), _query("until", "now"),
+                         _queries("tenant")), "GET"),
+        r("/audit", call(A.audit, _number("limit", int, 100, "a whole number"),
+                         _number("since", float, None, "epoch seconds")), "GET"),
+        r("/config/plan", call(A.plan, _json), "POST"),
+        r("/config/apply", call(A.apply, _who, _json), "POST"),
+        r("/config/export", call(A.export), "GET"),
     ])]  # fmt: skip
 
 
 # -- the verbs, from a request ------------------------------------------------------------------
 
-
-async def _list_tenants(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.list_tenants()
-
-
-async def _create_tenant(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.create_tenant(who, await _json(request))
+# What a verb takes from the request: the caller (``who``), a path or query parameter, the body.
+Arg = Callable[[Request, str], Awaitable[Any]]
 
 
-async def _show_tenant(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.show_tenant(_id(request))
+def call(method: Callable[..., Awaitable[dict[str, Any]]], *args: Arg) -> Verb:
+    """The admin verb ``method`` (an :class:`Admin` method) as a route's handler: called with
+    ``args`` read from the request, in order. One shape for every route, so a route is one
+    line of the table in :func:`admin_routes` (a verb's own checks stay in :class:`Admin`)."""
 
+    async def verb(admin: Admin, request: Request, who: str) -> dict[str, Any]:
+        return await method(admin, *[await arg(request, who) for arg in args])
 
-async def _update_tenant(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.update_tenant(who, _id(request), await _json(request))
-
-
-async def _disable_tenant(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.disable_tenant(who, _id(request))
-
-
-async def _enable_tenant(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.enable_tenant(who, _id(request))
-
-
-async def _list_orgs(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.list_orgs()
-
-
-async def _create_org(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.create_org(who, await _json(request))
-
-
-async def _update_org(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.update_org(who, _id(request), await _json(request))
-
-
-async def _disable_org(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.disable_org(who, _id(request))
-
-
-async def _enable_org(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.enable_org(who, _id(request))
-
-
-async def _list_keys(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.list_keys(request.query_params.get("tenant"))
-
-
-async def _create_key(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.create_key(who, await _json(request))
-
-
-async def _rotate_key(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.rotate_key(who, _id(request), await _json(request))
-
-
-async def _revoke_key(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.revoke_key(who, _id(request))
-
-
-async def _set_budget(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.set_budget(who, await _json(request))
-
-
-async def _remove_budget(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.remove_budget(who, await _json(request))
-
-
-async def _set_rate_limits(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.set_rate_limits(who, await _json(request))
-
-
-async def _list_overrides(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.list_overrides(_flag(request, "all"))
-
-
-async def _cancel_override(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.cancel_override(who, _id(request))
-
-
-async def _usage(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    q = request.query_params
-    return await admin.usage(q.get("since", "24h"), q.get("until", "now"), q.getlist("tenant"))
-
-
-async def _audit(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.audit(_int(request, "limit", 100), _float(request, "since"))
-
-
-async def _plan(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.plan(await _json(request))
-
-
-async def _apply(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.apply(who, await _json(request))
-
-
-async def _export(admin: Admin, request: Request, who: str) -> dict[str, Any]:
-    return await admin.export()
+    return verb
 
 
 def mount_admin(app: Starlette, admin: Admin, token: str) -> bool:
@@ -321,7 +237,12 @@ def token_authenticator(token: str) -> Authenticate:
     return authenticate
 
 
-async def _json(request: Request) -> dict[str, Any]:
+async def _who(request: Request, who: str) -> str:
+    """The caller, as the route's authenticator named them: for the audit."""
+    return who
+
+
+async def _json(request: Request, who: str) -> dict[str, Any]:
     """The request's JSON object, read up to :data:`MAX_BODY_BYTES`."""
     raw = b""
     async for chunk in request.stream():
@@ -337,29 +258,42 @@ async def _json(request: Request) -> dict[str, Any]:
     return data
 
 
-def _id(request: Request) -> str:
+async def _id(request: Request, who: str) -> str:
     return str(request.path_params["id"])
 
 
-def _flag(request: Request, name: str) -> bool:
-    return request.query_params.get(name, "").lower() in ("1", "true", "yes")
+def _query(name: str, default: str | None = None) -> Arg:
+    async def read(request: Request, who: str) -> str | None:
+        return request.query_params.get(name, default)
+
+    return read
 
 
-def _int(request: Request, name: str, default: int) -> int:
-    text = request.query_params.get(name)
-    if text is None:
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise InvalidRequest(f"{name} must be a whole number", param=name) from None
+def _queries(name: str) -> Arg:
+    async def read(request: Request, who: str) -> list[str]:
+        return request.query_params.getlist(name)
+
+    return read
 
 
-def _float(request: Request, name: str) -> float | None:
-    text = request.query_params.get(name)
-    if text is None:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise InvalidRequest(f"{name} must be epoch seconds", param=name) from None
+def _flag(name: str) -> Arg:
+    async def read(request: Request, who: str) -> bool:
+        return request.query_params.get(name, "").lower() in ("1", "true", "yes")
+
+    return read
+
+
+def _number(name: str, kind: Callable[[str], float], default: float | None, what: str) -> Arg:
+    """A query parameter as a number of ``kind`` (``int``, ``float``); 400 naming ``what`` it
+    must be when it is not one."""
+
+    async def read(request: Request, who: str) -> float | None:
+        text = request.query_params.get(name)
+        if text is None:
+            return default
+        try:
+            return kind(text)
+        except ValueError:
+            raise InvalidRequest(f"{name} must be {what}", param=name) from None
+
+    return read

@@ -8,17 +8,24 @@ The clients are built when the server starts (on Lambda: the init phase), so a S
 holds them and the first request does not wait for them; around a snapshot the cache client is
 dropped and built again (:meth:`Runtime.before_snapshot`, :meth:`Runtime.after_restore`), through
 the adapter's hook paths when they are configured (see docs/coldstart.md).
+
+What most requests never touch is imported on its first use, not with the app: the quote and
+lease endpoints (on their first request), the live config (only when a config table is named),
+and the tokenizers (only for a route that has one: :mod:`hardcap_core.tokenize.routes`). A test
+holds this (tests/unit/test_cold_start_imports.py). Before a SnapStart snapshot they are all
+imported (:func:`preload`): init time before a snapshot is free, a first request's is not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import os
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -29,7 +36,6 @@ from starlette.routing import Route
 
 from hardcap_core import env
 from hardcap_core.config import Config, Principal, load_config
-from hardcap_core.control.live import LiveConfig, live_from_env
 from hardcap_core.errors import (
     ConfigError,
     GatewayError,
@@ -40,12 +46,10 @@ from hardcap_core.errors import (
     Overloaded,
     ServiceUnavailable,
 )
-from hardcap_core.gateway.leases import lease, open_lease
 from hardcap_core.gateway.loop_lag import LoopLag, on_lambda
 from hardcap_core.gateway.meter import SettleFallback
 from hardcap_core.gateway.metrics import record_request
 from hardcap_core.gateway.pipeline import Gateway
-from hardcap_core.gateway.quote import quote as quote_request
 from hardcap_core.gateway.request_id import RequestIdMiddleware, request_id
 from hardcap_core.gateway.shed import SHED_OUTCOME, Shedder
 from hardcap_core.ledger import Ledger
@@ -59,6 +63,9 @@ from hardcap_core.wire.anthropic_messages import AnthropicMessages
 from hardcap_core.wire.anthropic_request import parse_messages_request
 from hardcap_core.wire.base import WireFormat
 from hardcap_core.wire.openai_chat import OpenAIChat
+
+if TYPE_CHECKING:
+    from hardcap_core.control.live import LiveConfig
 
 Handler = Callable[[Gateway, Request, Principal, WireFormat], Awaitable[Response]]
 OPENAI = OpenAIChat()
@@ -102,7 +109,9 @@ class Runtime:
         """Close the cache client before a SnapStart snapshot: its connections (and, with IAM
         auth, its token) would be stale in every environment restored from it. The HTTP client
         stays: it has opened no connection yet (no request has run), and its TLS context is
-        what the snapshot should keep: it is made now."""
+        what the snapshot should keep: it is made now. What the app imports on first use is
+        imported now, so the snapshot holds it (:func:`preload`)."""
+        preload()
         if self._http_client is not None:
             self._http_client.prepare()
         async with self._lock:
@@ -254,8 +263,22 @@ def create_app(
     async def quote(gw: Gateway, request: Request, who: Principal, wire: WireFormat) -> Response:
         """What a request would cost and whether it would be admitted now (gateway/quote.py):
         authenticated and parsed like a chat request; calls no upstream, reserves nothing."""
+        from hardcap_core.gateway.quote import quote as quote_request  # on the first quote
+
         body = await quote_request(gw, await gw.read_body(request), who, wire.parse)
         return JSONResponse(body, headers=await gw.headers_for(who, wire))
+
+    async def open_lease(
+        gw: Gateway, request: Request, who: Principal, wire: WireFormat
+    ) -> Response:
+        from hardcap_core.gateway import leases  # on the first lease request
+
+        return await leases.open_lease(gw, request, who, wire)
+
+    async def lease(gw: Gateway, request: Request, who: Principal, wire: WireFormat) -> Response:
+        from hardcap_core.gateway import leases
+
+        return await leases.lease(gw, request, who, wire)
 
     async def models(gw: Gateway, request: Request, who: Principal, wire: WireFormat) -> Response:
         return await gw.models(who, wire)
@@ -316,6 +339,24 @@ def create_app(
     app.state.runtime = runtime
     app.state.loop_lag = runtime.loop_lag
     return app
+
+
+# Imported on first use (see the module's docstring); :func:`preload` imports them all at once.
+LAZY_MODULES = (
+    "hardcap_core.gateway.quote",
+    "hardcap_core.gateway.leases",
+    "hardcap_core.tokenize.counters",
+    "hardcap_core.tokenize.count_api",
+    "hardcap_core.tokenize.vocabularies",
+)
+
+
+def preload() -> None:
+    """Import what the app otherwise imports on first use: before a SnapStart snapshot, so that
+    no restored environment pays for it on a request. (The vocabularies themselves stay loaded
+    on first count: only routes with a tokenizer need them, and they are large.)"""
+    for name in LAZY_MODULES:
+        importlib.import_module(name)
 
 
 # The Lambda Web Adapter POSTs to these paths around a SnapStart snapshot when they are set, and
@@ -382,4 +423,9 @@ def app_from_env() -> Starlette:
     path = os.environ.get(env.CONFIG_PATH)
     if not path:
         raise ConfigError(f"set {env.CONFIG_PATH} to the path of the config file")
-    return create_app(load_config(path), live=live_from_env(path))
+    live = None
+    if os.environ.get(env.CONFIG_TABLE):  # else the live config's modules are never imported
+        from hardcap_core.control.live import live_from_env
+
+        live = live_from_env(path)
+    return create_app(load_config(path), live=live)

@@ -15,7 +15,7 @@ import hashlib
 import re
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
@@ -23,9 +23,11 @@ from hardcap_core.auth import bearer_token
 from hardcap_core.budgets import Level, LevelKind
 from hardcap_core.chat import ANTHROPIC_MESSAGES, ChatRequest
 from hardcap_core.config.model import Config, Principal
-from hardcap_core.control.live import LiveConfig
 from hardcap_core.errors import AuthenticationFailed, InvalidRequest, PermissionDenied
 from hardcap_core.providers.transport import Transport
+
+if TYPE_CHECKING:  # imported only where a config table is named (gateway/app.py)
+    from hardcap_core.control.live import LiveConfig
 
 # A user as it is, where it is short and plain; anything else by a digest of it.
 PLAIN_USER = re.compile(r"^[A-Za-z0-9_.@+\-]{1,96}$")

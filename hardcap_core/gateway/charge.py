@@ -58,7 +58,7 @@ def settle_charge(
     final: Usage | None,
     input_estimate: int,
     received: int,
-    cut_output: Callable[[], int],
+    ended_output: Callable[[], int],
     least_output: int = 0,
 ) -> Charge:
     """Input, output, cached-input and cache-written input tokens to charge (and of those
@@ -68,10 +68,10 @@ def settle_charge(
     final report (a whole reply's usage; in a stream, one read at or after its finish reason,
     :func:`.relay.tally`), after which nothing is generated. ``received`` is the output that
     arrived as the gateway counts it (forwarded and in hand; the count runs high, never low);
-    ``cut_output()`` is the meter's estimate of what a stream it cut generated
-    (:meth:`.meter.Meter.cut_charge`); ``least_output`` the least output a stream that ended
-    without a final report is charged (its hold, on a route whose provider bills output it
-    does not stream: :mod:`.unseen`).
+    ``ended_output()`` is the meter's estimate of what a stream the gateway cut generated
+    (:meth:`.meter.Meter.estimated_output`, by its hold policy: :mod:`.holds`);
+    ``least_output`` the least output a stream that ended without a final report is charged
+    (its hold, on a route whose provider bills output it does not stream: :mod:`.unseen`).
 
     - The provider refused or could not be reached: nothing.
     - A final report is the bill, whether the stream completed or was cut after it was read
@@ -82,7 +82,7 @@ def settle_charge(
       does not bill (a field that repeats another's text).
     - No final report: the input the provider reported (Anthropic counts the prompt, cache
       reads and writes apart, in ``message_start``, before any output), else the estimate;
-      and ``cut_output()`` if the gateway cut the stream (truncated, deadline, client gone, a
+      and ``ended_output()`` if the gateway cut the stream (truncated, deadline, client gone, a
       failure mid-stream), else (it ended without a finish reason, or said it was done with
       no final report) ``received``.
 
@@ -106,7 +106,8 @@ def settle_charge(
     else:
         report = usage
         charged_in = input_estimate if usage is None or usage.input_tokens is None else reported_in
-        charged_out = max(cut_output() if outcome.cut else received, reported_out, least_output)
+        counted = ended_output() if outcome.cut else received
+        charged_out = max(counted, reported_out, least_output)
     if report is None:
         return Charge(charged_in, charged_out, 0, charged_in)
     cached = report.cached_input_tokens or 0
@@ -118,13 +119,15 @@ def settle_charge(
     )  # fmt: skip
 
 
-def cut_output(known: int, in_flight: int, held: int | None, asked: int | None, least: int) -> int:
+def estimated_output(
+    known: int, in_flight: int, held: int | None, asked: int | None, least: int
+) -> int:
     """Output to charge for a stream the gateway cut, by the meter's estimate of what the
     provider generated. ``known`` (what arrived, counted high; and what it may bill unseen,
     :mod:`.unseen`) is charged in full, even past the hold ``held`` (the ledger then shows
     the overshoot); the guess of the tokens ``in_flight`` only up to the hold, unless there
     is none: ``held`` None when the tenant fails open, or after a ledger call hung (the
-    provider really generated for that long): then all of it.
+    provider really generated for that long): then all of it (:mod:`.holds` decides which).
 
     A provider bills at most the ``max_tokens`` it was sent (``asked``) unless what arrived
     proves it ignored it (``least``, a token a piece, is past it): the count of the text,

@@ -5,15 +5,19 @@ what the provider has generated is what it forwarded, what it holds unforwarded 
 the last network read, counted exactly) and what is still on its way (:mod:`.pace`). It asks
 for more room before that estimate nears the reservation; once the budget refuses, truncate
 mode stops as soon as the estimate would pass it, since a provider bills what it generates
-after the gateway stops reading. A cut stream is charged that estimate (:meth:`cut_charge`).
-Output the provider may bill without streaming it (:mod:`.unseen`) counts from the start.
+after the gateway stops reading. A cut stream is charged that estimate
+(:meth:`estimated_output`). Output the provider may bill without streaming it (:mod:`.unseen`)
+counts from the start.
+
+What differs between the route's policies, and for a tenant that failed open (nothing held),
+is asked of one object picked when the meter is built (:mod:`.holds`). Only this module
+writes a meter's state: the pipeline and the failover tell it what happened through methods.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 import uuid
 from collections.abc import Callable
@@ -22,9 +26,11 @@ from typing import Protocol
 
 from hardcap_core.budgets import Prices, Scope
 from hardcap_core.config import Policy, Route
+from hardcap_core.config.settings import DEFAULT_GATEWAY, GatewaySettings
 from hardcap_core.errors import LedgerUnavailable
 from hardcap_core.events import Usage
-from hardcap_core.gateway.charge import cut_output, settle_charge
+from hardcap_core.gateway.charge import settle_charge
+from hardcap_core.gateway.holds import HoldPolicy, hold_policy
 from hardcap_core.gateway.metrics import record_request
 from hardcap_core.gateway.pace import Pace
 from hardcap_core.gateway.unseen import SEEN, Unseen
@@ -63,24 +69,41 @@ class SettleFallback(Protocol):
     ) -> bool: ...
 
 
+# A stream's hold is refreshed this many times per reservation TTL, tokens or not, so that a
+# heartbeat or two the budget server misses does not let it expire.
+HEARTBEATS_PER_TTL = 3
+_G = DEFAULT_GATEWAY
+
+
 @dataclass(frozen=True, slots=True)
 class MeterSettings:
-    step: int = 64  # ask for this many more output tokens ...
-    within: int = 32  # ... when within this many of the reservation
-    guard: int = 4  # least tokens a provider may generate after we close, whatever the timing
-    guard_s: float = 0.05  # how long a provider may take to notice; times its speed, more guard
-    heartbeat_s: float = 40.0  # refresh a stream's reservation this often, tokens or not
-    ttl_s: float = 120.0  # a reservation not refreshed this long is reclaimed
-    truncate: bool = True  # False: the `allow` policy, never cut
-    extend: bool = True  # False: the `count_after` baseline, which holds nothing while streaming
+    """The ``gateway:`` settings a stream's meter reads (:meth:`of`); by default the config's
+    defaults, which are written once (:mod:`hardcap_core.config.settings`)."""
 
-    def for_policy(self, policy: Policy) -> MeterSettings:
-        """These settings as a route with ``policy`` uses them."""
-        return dataclasses.replace(self, truncate=policy.cuts, extend=policy.extends)
+    step: int = _G.extend_step_tokens  # ask for this many more output tokens ...
+    within: int = _G.extend_when_within  # ... when within this many of the reservation
+    guard: int = _G.truncate_guard_tokens  # least tokens a provider makes after we close
+    guard_s: float = _G.truncate_guard_ms / 1000  # how long a provider takes to notice
+    heartbeat_s: float = _G.reservation_ttl_seconds / HEARTBEATS_PER_TTL  # refresh this often
+    ttl_s: float = _G.reservation_ttl_seconds  # a hold not refreshed this long is reclaimed
+
+    @classmethod
+    def of(cls, gateway: GatewaySettings) -> MeterSettings:
+        """The meter's settings in a gateway run with ``gateway`` (the loaded config's)."""
+        return cls(
+            step=gateway.extend_step_tokens,
+            within=gateway.extend_when_within,
+            guard=gateway.truncate_guard_tokens,
+            guard_s=gateway.truncate_guard_ms / 1000,
+            heartbeat_s=gateway.reservation_ttl_seconds / HEARTBEATS_PER_TTL,
+            ttl_s=gateway.reservation_ttl_seconds,
+        )
 
 
 class Meter:
-    """Budget accounting for one request. ``reservation`` is None when the tenant fails open."""
+    """Budget accounting for one request. ``reservation`` is None when the tenant fails open:
+    the meter then holds nothing (:class:`.holds.NoHold`); else ``policy`` (the route's) says
+    how the hold behaves."""
 
     def __init__(
         self,
@@ -89,6 +112,7 @@ class Meter:
         reservation: Reservation | None,
         settings: MeterSettings,
         *,
+        policy: Policy = Policy.TRUNCATE,
         input_estimate: int,
         estimator: Estimator,
         route: str,
@@ -98,6 +122,7 @@ class Meter:
         unguarded_id: str | None = None,
         fallback: SettleFallback | None = None,
         upstream: str = "",
+        unseen: Unseen = SEEN,
         admitted_in_s: float = 0.0,
         queue_wait_s: float = 0.0,
         loop_lag: Callable[[], float] | None = None,
@@ -108,6 +133,8 @@ class Meter:
         self.scope = scope
         self.reservation = reservation
         self.settings = settings
+        # Picked once: the route's policy over a hold, or no hold when the tenant failed open.
+        self.policy: HoldPolicy = hold_policy(policy, reserved=reservation is not None)
         self.input_estimate = input_estimate
         self.estimator = estimator
         self.route = route
@@ -135,7 +162,7 @@ class Meter:
         self.ledger_failed = False  # a call to grow or keep the hold got no answer
         self.cap = cap  # the most output tokens this request may have, whatever the provider does
         self.unguarded_id = unguarded_id  # fail open: the id the unanswered admit was sent with
-        self.cut = False  # the gateway stopped the stream early
+        self.truncated = False  # the budget or the cap stopped the stream: it ends TRUNCATED
         self.settled = False
         self.final_budgets: tuple[BudgetState, ...] = ()
         self.expiry_charged = False  # the hold had expired and been charged before the settle
@@ -153,7 +180,7 @@ class Meter:
         self.whole = False  # a whole (non-streamed) reply: its usage is its final report
         self._refreshed = self._clock()
         self.pace = Pace(clock)
-        self.unseen: Unseen = SEEN  # output it may bill without streaming it (.unseen)
+        self.unseen = unseen  # output it may bill without streaming it (.unseen)
 
     def billed_elsewhere(self, target: Route, input_tokens: int) -> None:
         """``target`` took the request (it answered 200) and failed before sending anything;
@@ -164,6 +191,11 @@ class Meter:
         self.elsewhere_output += guard
         prices = target.prices.with_terms(self.prices.terms)  # at this request's terms
         self.elsewhere_cost += prices.cost(input_tokens, guard, 0, input_tokens)
+
+    def asked_for(self, max_tokens: int) -> None:
+        """The provider was sent ``max_tokens``: it bills no more unless what arrives proves
+        it ignored them (:meth:`estimated_output`)."""
+        self.asked = max_tokens
 
     def serve_with(self, target: Route) -> None:
         """``target`` (the route or one of its fallbacks) serves the request: its prices are
@@ -188,7 +220,7 @@ class Meter:
         final = self.final.output_tokens if self.final else None
         if final is None or (self.cap is not None and final > self.cap):
             return False
-        return self.reservation is None or final <= self.reserved
+        return self.policy.fits(final, self.reserved)
 
     def in_flight(self) -> int:
         """Tokens the provider has generated past what we read, or will before it notices a
@@ -216,25 +248,26 @@ class Meter:
             self._forward(tokens)
             return True
         if self.cap is not None and self.floor + at_least > self.cap:
-            self.cut = True
+            self.truncated = True
             await self._cover_in_flight()
             return False
         self.floor += at_least
-        if self.reservation is None:
-            self._forward(tokens)
+        policy = self.policy
+        if not policy.extends and not policy.truncates:
+            self._forward(tokens)  # nothing grows and nothing stops it but the cap
             return True
-        if self.hold_lost and self.settings.truncate:
-            self.cut = True
+        if self.hold_lost and policy.truncates:
+            self.truncated = True
             return False
         generated = self.generated()
         while (
-            self.settings.extend
+            policy.extends
             and not self.exhausted
             and self.reserved - generated < self.settings.within
         ):
             want = max(self.settings.step, generated + self.settings.within - self.reserved)
             try:
-                result: ExtendResult | None = await self.ledger.extend(self.reservation, want)
+                result: ExtendResult | None = await self.ledger.extend(self._held(), want)
             except LedgerUnavailable:
                 # Cannot grow the hold: finish within what is reserved (still a hard cap).
                 logger.warning("budget server lost mid-stream", extra={"route": self.route})
@@ -249,28 +282,33 @@ class Meter:
                     logger.warning("reservation expired mid-stream", extra={"route": self.route})
                     self.hold_lost = True
             generated = self.generated()  # the call took time: the provider went on
-        if not self.settings.truncate or not self.exhausted or generated <= self.reserved:
+        if not policy.truncates or not self.exhausted or generated <= self.reserved:
             self._forward(tokens)
             return True
-        self.cut = True
+        self.truncated = True
         return False
 
     async def _cover_in_flight(self) -> None:
         """A provider that ignores max_tokens is cut at the request's cap, with budget to
         spare: grow the hold over what it generates before it notices the close, so the cut
         charge (which charges the in-flight guess only up to the hold) counts it too."""
-        if self.reservation is None or not self.settings.extend or self.exhausted:
+        if not self.policy.extends or self.exhausted:
             return
         want = self.generated() - self.reserved
         if want <= 0:
             return
         try:
-            result = await self.ledger.extend(self.reservation, want, least=1)
+            result = await self.ledger.extend(self._held(), want, least=1)
         except LedgerUnavailable:
             return  # the cut charge then counts what the hold covers
         self._refreshed = self._clock()
         if isinstance(result, Extended):
             self.reserved = result.output_reserved
+
+    def _held(self) -> Reservation:
+        """The reservation, which a policy that holds, extends or settles a hold has."""
+        assert self.reservation is not None, "a hold policy without a reservation called the ledger"
+        return self.reservation
 
     def received_whole(self, tokens: int) -> None:
         """A whole (non-streamed) reply of ``tokens`` output tokens arrived and goes out."""
@@ -283,10 +321,10 @@ class Meter:
 
     async def heartbeat(self) -> bool:
         """Refresh the reservation's expiry once; False if the budget server did not answer."""
-        if self.reservation is None:
-            return True
+        if not self.policy.holds:
+            return True  # nothing held: nothing to refresh
         try:
-            result = await self.ledger.extend(self.reservation, 0)
+            result = await self.ledger.extend(self._held(), 0)
         except LedgerUnavailable:
             self.ledger_failed = True
             return False
@@ -299,7 +337,7 @@ class Meter:
         """Refresh the hold on a timer for as long as the stream lives (the caller cancels it),
         tokens or not: a provider that thinks silently must not lose its hold, or another
         request would spend it. A hold that cannot be kept is lost: the stream then stops."""
-        if self.reservation is None or not self.settings.extend:
+        if not self.policy.extends:
             return
         while not self.hold_lost:
             due = self._refreshed + self.settings.heartbeat_s
@@ -314,13 +352,15 @@ class Meter:
                     return
                 await asyncio.sleep(HEARTBEAT_RETRY_S)
 
-    def cut_charge(self) -> int:
-        """Output to charge for a stream that was cut (truncated, client gone, deadline, failed):
-        what the provider generated by our estimate (:func:`.charge.cut_output`); the guess of
-        the tokens in flight past the hold too once a ledger call hung (it went on meanwhile)."""
-        held = None if self.reservation is None or self.ledger_failed else self.reserved
+    def estimated_output(self) -> int:
+        """Output to charge for a stream the gateway cut (truncated, client gone, deadline,
+        failed): what the provider generated by our estimate, as the hold policy charges it
+        (:meth:`.holds.HoldPolicy.ended_output`)."""
         known = self.unseen.tokens + self.seen + self.in_hand
-        return cut_output(known, self.in_flight(), held, self.asked, self.received_least)
+        return self.policy.ended_output(
+            known, self.in_flight(), self.reserved, ledger_failed=self.ledger_failed,
+            asked=self.asked, received_least=self.received_least,
+        )  # fmt: skip
 
     async def settle(self, outcome: Outcome, usage: Usage | None = None) -> None:
         """Charge the request once, by how it ended.
@@ -334,10 +374,10 @@ class Meter:
         self.outcome = outcome
         bill = settle_charge(
             outcome, usage, final=usage if self.whole else self.final,
-            input_estimate=self.input_estimate, cut_output=self.cut_charge,
+            input_estimate=self.input_estimate, ended_output=self.estimated_output,
             received=self.unseen.tokens + self.seen + self.in_hand,
-            least_output=self.unseen.least_billed(
-                self.reserved if self.reservation else None, self.asked, self.received_least),
+            least_output=self.policy.least_output(
+                self.unseen, self.reserved, self.asked, self.received_least),
         )  # fmt: skip
         self.charged_input, self.charged_output = bill.input, bill.output
         if outcome.cut:
@@ -357,12 +397,12 @@ class Meter:
             provider=self.served.upstream.name if self.served else "",
         )
         began = self._clock()
-        charge = self._settle_reserved(note) if self.reservation else self._settle_unguarded(note)
+        charge = self._settle_reserved(note) if self.policy.holds else self._settle_unguarded(note)
         if outcome is Outcome.COMPLETED:
             await asyncio.gather(charge, self._observe(self.charged_output))
         else:
             await charge
-        if self._on_settled is not None and self.reservation is not None:
+        if self._on_settled is not None and self.policy.holds:
             self._on_settled()
         added_ms = (self.admitted_in_s - self.queue_wait_s + self._clock() - began) * 1000
         m = self.meta
@@ -378,11 +418,11 @@ class Meter:
         )  # fmt: skip
 
     async def _settle_reserved(self, note: SettleNote) -> None:
-        assert self.reservation is not None
+        reservation = self._held()
         for delay in (*SETTLE_RETRY_DELAYS_S, None):
             try:
                 result = await self.ledger.settle(
-                    self.reservation,
+                    reservation,
                     input_tokens=self.charged_input,
                     output_tokens=self.charged_output,
                     note=note,
@@ -394,7 +434,7 @@ class Meter:
                         "settle failed: budget server unreachable",
                         extra={"route": self.route, "error": str(e)},
                     )
-                    await self._keep(self.reservation, note)
+                    await self._keep(reservation, note)
                     return
                 logger.warning(
                     "settle failed, trying again", extra={"route": self.route, "error": str(e)}

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from starlette.requests import ClientDisconnect, Request
@@ -22,7 +22,6 @@ from starlette.responses import JSONResponse, Response
 from hardcap_core import json_codec
 from hardcap_core.chat import ANTHROPIC_MESSAGES, ChatRequest
 from hardcap_core.config import Config, Policy, Principal, Route
-from hardcap_core.control.live import LiveConfig
 from hardcap_core.errors import (
     ConfigStale,
     InvalidRequest,
@@ -60,7 +59,6 @@ from hardcap_core.ledger.estimators import (
     MaxTokensEstimator,
     SharedP95Estimator,
 )
-from hardcap_core.ledger.leases import LEASE_HEADER
 from hardcap_core.logs import logger
 from hardcap_core.outcome import Outcome
 from hardcap_core.providers.base import Provider
@@ -69,11 +67,17 @@ from hardcap_core.tokenize.routes import InputCounts
 from hardcap_core.wire.base import Charged, WireFormat
 from hardcap_core.wire.openai_input import check_pdf_pages
 
+if TYPE_CHECKING:  # the live config is imported only where a config table is named (app.py)
+    from hardcap_core.control.live import LiveConfig
+
 DEADLINE_MARGIN_S = 3.0  # end and settle a stream this long before Lambda's timeout
 # A request stops waiting to be admitted at least this long before Lambda's timeout, so that
 # what it was admitted for still has time to run.
 QUEUE_MARGIN_S = 10.0
 QUEUE_WAIT_HEADER = "x-hardcap-queue-wait-ms"
+# A request carrying it draws from that lease (admit.lua); the lease endpoints (gateway/leases.py,
+# ledger/leases.py) are imported on their first request, not for this name.
+LEASE_HEADER = "x-hardcap-lease"
 # How often a request reloads the config when its admit finds it stale before giving up (503):
 # only a storm of admin changes to one tenant hierarchy needs more than one.
 STALE_RETRIES = 3
@@ -118,14 +122,7 @@ class Gateway:
         self.counts = InputCounts(config, providers)
         self.estimators = {name: self._estimator(r) for name, r in config.routes.items()}
         g = config.gateway
-        self.meter_settings = MeterSettings(
-            step=g.extend_step_tokens,
-            within=g.extend_when_within,
-            guard=g.truncate_guard_tokens,
-            guard_s=g.truncate_guard_ms / 1000,
-            heartbeat_s=g.reservation_ttl_seconds / 3,
-            ttl_s=g.reservation_ttl_seconds,
-        )
+        self.meter_settings = MeterSettings.of(g)
 
     def _estimator(self, route: Route) -> Estimator:
         kind = route.estimator.kind
@@ -194,7 +191,7 @@ class Gateway:
         # even output the meter failed to count cannot take the stream past them.
         room = admission.output_room
         upstream_cap = max_tokens if room is None else min(max_tokens, room)
-        admission.meter.asked = upstream_cap
+        admission.meter.asked_for(upstream_cap)
         relay = Relay(
             Listened(targets.stream(chat, upstream_cap), admission.meter.pace),
             admission.meter,
@@ -297,7 +294,7 @@ class Gateway:
         unseen = unseen_output(route, chat, max_tokens) if chat.stream and policy.extends else SEEN
         estimate = unseen.hold(estimate, max_tokens, route.min_output_reservation)
         least = unseen.least(route.min_output_reservation, max_tokens)
-        least = min(least, estimate) if policy.cuts else estimate
+        least = min(least, estimate) if policy.truncates else estimate
         rid = uuid.uuid4().hex
         g = self.config.gateway
 
@@ -365,16 +362,17 @@ class Gateway:
             assert isinstance(result, Admitted)
             reservation = result.reservation
             headers = wire.budget_headers(result.budgets, result.rates, result.server_time_ms)
-            if policy.cuts:
+            if policy.truncates:
                 room = output_room(result, held)
-            if policy.cuts and unseen.whole:  # a reply it cannot see it cannot cut: ask the hold
+            if policy.truncates and unseen.whole:  # one it cannot see it cannot cut: ask the hold
                 room = reservation.output_reserved
         headers.update(wait_header)
         meter = Meter(
             self.ledger,
             principal.scope,
             reservation,
-            self.meter_settings.for_policy(policy),
+            self.meter_settings,
+            policy=policy,
             input_estimate=inputs.tokens,
             estimator=estimator,
             route=route.name,
@@ -384,12 +382,12 @@ class Gateway:
             unguarded_id=unguarded_id,
             fallback=self.fallback,
             upstream=route.upstream.name,
+            unseen=unseen,
             admitted_in_s=time.perf_counter() - arrived,
             queue_wait_s=waited.seconds,
             loop_lag=self.loop_lag.recent_max_s,
             on_settled=lambda: self.wakeups.freed(principal.scope),
         )
-        meter.unseen = unseen
         return Admission(meter, headers, room, inputs.reserved_count)
 
     async def _complete(
@@ -403,8 +401,8 @@ class Gateway:
         """A whole reply; it is settled here, once, by how the call ended."""
         meter = admission.meter
         # A reply that cannot be cut is capped upstream at what is reserved.
-        cap = meter.reserved if meter.reservation and route.policy.cuts else max_tokens
-        meter.asked = cap
+        cap = meter.policy.upstream_cap(meter.reserved, max_tokens)
+        meter.asked_for(cap)
         try:
             completion = await self._targets(route, meter).complete(chat, cap)
         except UpstreamMalformed:

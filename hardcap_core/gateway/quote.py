@@ -249,7 +249,7 @@ def _ask(
     unseen = unseen_output(route, chat, max_tokens) if chat.stream and policy.extends else SEEN
     estimate = unseen.hold(estimate, max_tokens, route.min_output_reservation)
     least = unseen.least(route.min_output_reservation, max_tokens)
-    least = min(least, estimate) if policy.cuts else estimate
+    least = min(least, estimate) if policy.truncates else estimate
     g = gw.config.gateway
     return Ask(
         input_tokens=tokens, output_estimate=estimate, min_output=least,

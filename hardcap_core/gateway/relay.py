@@ -123,7 +123,7 @@ class Relay:
             meter.charged_input, meter.charged_output, usage, meter.charged_cost,
             estimate=outcome.cut and meter.final is None,  # as the usage record's `est`
         )  # fmt: skip
-        return self.encoder.close(cut=outcome.cut, charged=charged)
+        return self.encoder.close(for_length=outcome.cut, charged=charged)
 
     async def _stop_keep_alive(self) -> None:
         task, self._keep_alive = self._keep_alive, None

@@ -39,7 +39,6 @@ seconds that straddle a minute's boundary may hold up to twice the limit.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -47,16 +46,20 @@ from typing import Any, Literal
 from hardcap_core.budgets import DEFAULT_NOTIFY_AT, Dimension, Window, WindowBounds
 from hardcap_core.errors import LedgerProtocolError
 from hardcap_core.ledger.connection import guarded
+from hardcap_core.ledger.contract import (
+    REPLIES,
+    AllowanceCreditArgs,
+    AllowanceGrantArgs,
+    AllowanceReleaseArgs,
+    encode,
+)
 from hardcap_core.ledger.keys import Keyspace
-from hardcap_core.ledger.pipe import PipedScript, Pipes
-from hardcap_core.ledger.scripts import Script, source
+from hardcap_core.ledger.limits import GRANT_ATTEMPTS, GRANT_CHUNK_DIVISOR
+from hardcap_core.ledger.scripts import ALLOWANCE_SCRIPTS as ALLOWANCE_SCRIPTS  # its old home
+from hardcap_core.ledger.scripts import Scripts
 
-# A grant is at least this fraction of the limit (5%), so a busy hierarchy asks about 20 times a
-# window, not once a request.
-CHUNK_DIVISOR = 20
+CHUNK_DIVISOR = GRANT_CHUNK_DIVISOR
 MINUTE = Window("fixed", 60)
-ALLOWANCE_SCRIPTS = ("allowance_grant", "allowance_credit", "allowance_release")
-_ATTEMPTS = 3
 
 SharedKind = Literal["route", "upstream"]
 
@@ -140,8 +143,10 @@ def shared_budgets(
     return tuple(out)
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+def _per_row(reply: Sequence[Any], script: str) -> Sequence[Any]:
+    """What follows the named fields of ``script``'s 'ok' reply (its layout's last name is
+    the rows': one value per row asked, in order, then for a grant k and the holders)."""
+    return reply[len(REPLIES[script]["ok"]) :]
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,21 +172,17 @@ def _group(tag: str, rows: list[tuple[SharedBudget, int]], now_ms: int) -> _Grou
 class Allowances:
     """Grants, credits and releases of the allowances of limits that span tenants."""
 
-    def __init__(self, client: Any, keys: Keyspace) -> None:
+    def __init__(self, scripts: Scripts, keys: Keyspace) -> None:
         self.keys = keys
         self.grants = 0  # grant calls made (the benchmark reports them per 1,000 requests)
         self._clock = 0  # the server time of the last grant reply, ms
         # Per (hierarchy, limit tag): one grant call at a time, and the asks waiting for the next.
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._pending: dict[tuple[str, str], dict[str, tuple[SharedBudget, int]]] = {}
-        pipes = getattr(client, "pipes", None)
-        made: dict[str, Script] = {}
-        for name in ALLOWANCE_SCRIPTS:
-            slow = client.register_script(source(name))
-            made[name] = PipedScript(slow, pipes) if isinstance(pipes, Pipes) else slow
-        self._grant, self._credit, self._release = (
-            made["allowance_grant"], made["allowance_credit"], made["allowance_release"]
-        )  # fmt: skip
+        # Registered with every other script (scripts.py: the one list).
+        self._grant = scripts.allowance_grant
+        self._credit = scripts.allowance_credit
+        self._release = scripts.allowance_release
 
     async def grant(
         self, root_tag: str, wanted: Sequence[tuple[SharedBudget, int]], now_ms: int
@@ -230,7 +231,7 @@ class Allowances:
         self, root: str, tag: str, rows: list[tuple[SharedBudget, int]], now_ms: int
     ) -> dict[str, int]:
         reply: list[Any] | None = None
-        for _ in range(_ATTEMPTS):
+        for _ in range(GRANT_ATTEMPTS):
             g = _group(tag, rows, now_ms)
             reply = await self._call(root, "grant", g, rows)
             if reply is not None:
@@ -239,8 +240,9 @@ class Allowances:
         if reply is None:
             raise LedgerProtocolError("allowance_grant: the server's clock keeps crossing a window")
         n = len(rows)
-        given = [int(v) for v in reply[2 : 2 + n]]
-        holders = [h.decode() if isinstance(h, bytes) else str(h) for h in reply[3 + n :]]
+        per_row = _per_row(reply, "allowance_grant")
+        given = [int(v) for v in per_row[:n]]
+        holders = [h.decode() if isinstance(h, bytes) else str(h) for h in per_row[n + 1 :]]
         short = [(b, want - got) for (b, want), got in zip(rows, given, strict=True) if got < want]
         if short and holders:
             # Too little left: take back what others hold unused, the largest holders first, until
@@ -256,7 +258,8 @@ class Allowances:
                     lacking[f] -= n
             again = await self._call(root, "grant", g, short)
             if again is not None:
-                extra = {b.field: int(v) for (b, _), v in zip(short, again[2:], strict=False)}
+                back_rows = _per_row(again, "allowance_grant")
+                extra = {b.field: int(v) for (b, _), v in zip(short, back_rows, strict=False)}
                 given = [
                     got + extra.get(b.field, 0) for (b, _), got in zip(rows, given, strict=True)
                 ]
@@ -269,14 +272,17 @@ class Allowances:
         self, root: str, mode: str, g: _Group, rows: list[tuple[SharedBudget, int]]
     ) -> list[Any] | None:
         """One allowance_grant.lua call in ``g``'s windows; None if its server is past them."""
-        keys = [self.keys.granted(g.tag, w.spec, w.id) for w in g.bounds]
-        spec = {
-            "w": [[w.start_ms, w.end_ms] for w in g.bounds],
-            "b": [[b.field, b.limit, amt, g.index[b.window.spec] + 1] for b, amt in rows],
-        }
+        keys, args = encode(
+            AllowanceGrantArgs(
+                granted=[self.keys.granted(g.tag, w.spec, w.id) for w in g.bounds],
+                mode=mode, root=root,
+                windows=[[w.start_ms, w.end_ms] for w in g.bounds],
+                rows=[[b.field, b.limit, amt, g.index[b.window.spec] + 1] for b, amt in rows],
+            )
+        )  # fmt: skip
         if mode == "grant":
             self.grants += 1
-        reply = await guarded(self._grant(keys=keys, args=[mode, root, _dumps(spec)]))
+        reply = await guarded(self._grant(keys=keys, args=args))
         status = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         self._clock = int(reply[1])
         if status == "ok":
@@ -291,31 +297,35 @@ class Allowances:
         rows = [(b, n) for b, n in rows if n > 0]
         if not rows:
             return
-        keys = [self.keys.used_of(root, w.spec, w.id) for w in g.bounds]
-        spec = {
-            "b": [
-                [b.field, n, g.index[b.window.spec] + 1, g.bounds[g.index[b.window.spec]].end_ms]
-                for b, n in rows
-            ]
-        }
-        await guarded(self._credit(keys=keys, args=[_dumps(spec)]))
+        keys, args = encode(
+            AllowanceCreditArgs(
+                used=[self.keys.used_of(root, w.spec, w.id) for w in g.bounds],
+                rows=[
+                    [b.field, n, at + 1, g.bounds[at].end_ms]
+                    for b, n in rows
+                    for at in (g.index[b.window.spec],)
+                ],
+            )
+        )
+        await guarded(self._credit(keys=keys, args=args))
 
     async def _release_group(self, root: str, g: _Group) -> dict[str, int]:
         """Take back ``root``'s unused allowance of ``g``'s rows (each at most its amount, if
         above 0) in ``g``'s windows, then return it there. A return that finds its window ended
         does nothing: that capacity is moot."""
-        keys = [
-            self.keys.reserved_of(root),
-            *(self.keys.used_of(root, w.spec, w.id) for w in g.bounds),
-        ]
-        spec = {
-            "b": [
-                [b.field, g.index[b.window.spec] + 1, *([most] if most > 0 else [])]
-                for b, most in g.rows
-            ]
-        }
-        reply = await guarded(self._release(keys=keys, args=[_dumps(spec)]))
-        taken = [(b, int(v)) for (b, _), v in zip(g.rows, reply[1:], strict=True)]
+        keys, args = encode(
+            AllowanceReleaseArgs(
+                reserved=self.keys.reserved_of(root),
+                used=[self.keys.used_of(root, w.spec, w.id) for w in g.bounds],
+                rows=[
+                    [b.field, g.index[b.window.spec] + 1, *([most] if most > 0 else [])]
+                    for b, most in g.rows
+                ],
+            )
+        )
+        reply = await guarded(self._release(keys=keys, args=args))
+        per_row = _per_row(reply, "allowance_release")
+        taken = [(b, int(v)) for (b, _), v in zip(g.rows, per_row, strict=True)]
         back = [(b, n) for b, n in taken if n > 0]
         if back:
             await self._call(root, "return", g, back)

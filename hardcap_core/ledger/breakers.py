@@ -26,15 +26,20 @@ from typing import Any
 from hardcap_core.config.settings import BreakerSettings
 from hardcap_core.errors import LedgerProtocolError, LedgerUnavailable
 from hardcap_core.ledger.connection import guarded
+from hardcap_core.ledger.contract import REPLIES, BreakerArgs, encode, named
 from hardcap_core.ledger.keys import Keyspace
+from hardcap_core.ledger.limits import (
+    BREAKER_LOCAL_CLOSED_S,
+    BREAKER_PROBE_TTL_MS,
+    BREAKER_SEEN_FOR_MS,
+)
 from hardcap_core.ledger.scripts import Scripts
 from hardcap_core.logs import logger
 
-LOCAL_CLOSED_S = 0.25
-PROBE_TTL_MS = 30_000  # a probe that never reported is forgotten after this long
-# A tenant counts as using an upstream for a day after it last did (as long as the cache keeps
-# an untouched breaker): while two do, one alone cannot open the breaker.
-SEEN_FOR_MS = 86_400_000
+# Module names of the limits (tests shorten them here).
+LOCAL_CLOSED_S = BREAKER_LOCAL_CLOSED_S
+PROBE_TTL_MS = BREAKER_PROBE_TTL_MS
+SEEN_FOR_MS = BREAKER_SEEN_FOR_MS
 NO_TENANT = ""  # whose failure it is when no tenant shaped it (script ARGV[6])
 
 
@@ -115,12 +120,15 @@ class Breakers:
         return out
 
     async def _call(self, op: str, upstream: str, s: BreakerSettings, tenant: str) -> BreakerState:
-        args = [op, s.failures, int(s.cooldown_seconds * 1000), s.half_open_probes,
-                PROBE_TTL_MS, tenant, SEEN_FOR_MS]  # fmt: skip
-        try:
-            reply = await guarded(
-                self.scripts.breaker(keys=[self.keys.breaker(upstream)], args=args)
+        keys, args = encode(
+            BreakerArgs(
+                breaker=self.keys.breaker(upstream), op=op, failures=s.failures,
+                cooldown_ms=int(s.cooldown_seconds * 1000), probes=s.half_open_probes,
+                probe_ttl_ms=PROBE_TTL_MS, tenant=tenant, seen_for_ms=SEEN_FOR_MS,
             )
+        )  # fmt: skip
+        try:
+            reply = await guarded(self.scripts.breaker(keys=keys, args=args))
         except (LedgerUnavailable, LedgerProtocolError) as e:
             logger.warning("breaker not reachable; letting the request through",
                            extra={"upstream": upstream, "error": str(e)})  # fmt: skip
@@ -129,7 +137,9 @@ class Breakers:
 
 
 def parse_reply(reply: Any) -> BreakerState:
-    """``breaker.lua``'s reply (its header gives the layout)."""
-    state = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
-    allowed, failures, wait, tenants, needed = (int(reply[i]) for i in (0, 2, 3, 4, 5))
-    return BreakerState(bool(allowed), state, failures, wait, tenants, needed)
+    """``breaker.lua``'s reply (:data:`.contract.REPLIES`, as its header gives it)."""
+    f = named(REPLIES["breaker"][""], reply)
+    return BreakerState(
+        bool(int(f["allowed"])), str(f["state"]), int(f["failures"]), int(f["ms until"]),
+        int(f["tenants"]), int(f["needed"]),
+    )  # fmt: skip

@@ -19,24 +19,41 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from hardcap_core.budgets import Prices, Scope
+from hardcap_core.config.settings import DEFAULT_GATEWAY
 from hardcap_core.errors import LedgerProtocolError, LedgerUnavailable
 from hardcap_core.ledger.allowances import Allowances, SharedBudget, SharedLimits
 from hardcap_core.ledger.connection import SOCKET_TIMEOUT_S, guarded
+from hardcap_core.ledger.contract import (
+    REPLIES,
+    AdmitArgs,
+    ConfigVersionArgs,
+    EstimatorRecordArgs,
+    EstimatorVoteArgs,
+    ExtendArgs,
+    HydrateArgs,
+    LeaveArgs,
+    SettleArgs,
+    UsageArgs,
+    dumps,
+    encode,
+    named,
+)
 from hardcap_core.ledger.keys import Keyspace, window_of_spec
-from hardcap_core.ledger.plan import Plans, ScopePlan, dumps, shared_rows, shared_windows
+from hardcap_core.ledger.limits import LATE_MARGIN_MS, SCRIPT_ATTEMPTS, SETTLE_MEMORY_MS
+from hardcap_core.ledger.plan import Plans, ScopePlan, shared_rows, shared_windows
 from hardcap_core.ledger.replies import (
     NO_META,
     AdmitResult,
     Consensus,
     EstimatorStats,
     ExtendResult,
+    ReplyReader,
     Reservation,
     ReservationMeta,
     Settled,
@@ -53,16 +70,10 @@ from hardcap_core.ledger.replies import (
 from hardcap_core.ledger.restore import CounterSource, NoCounterSource
 from hardcap_core.ledger.scripts import Script, Scripts
 
-DEFAULT_RESERVATION_TTL_S = 120.0
+# The config's `gateway.reservation_ttl_seconds` default, for a ledger built without a config.
+DEFAULT_RESERVATION_TTL_S = DEFAULT_GATEWAY.reservation_ttl_seconds
 FREE = Prices()
 COMPLETED = SettleNote()  # a settle's record says nothing more than 'completed'
-SETTLE_MEMORY_MS = 24 * 3600 * 1000  # also how long an expiry charge waits for a late settle
-# An admit must run this long before its caller gives up for the reservation to be made, so a
-# reply already on its way still arrives in time (server time lagging the guess helps too).
-LATE_MARGIN_MS = 500
-# Calls again after a 'clock' (wrong window guess), 'late' (read in time, so the clock guess was
-# off) or 'windows' (an expired hold needs more windows named) reply.
-_ATTEMPTS = 5
 
 # (server time guess, extra window specs) -> (keys, args)
 Build = Callable[[int, tuple[str, ...]], tuple[list[str], list[Any]]]
@@ -92,7 +103,7 @@ class Ledger:
         self.keys = Keyspace(prefix)
         self.plans = Plans(self.keys)
         # Limits spanning tenants (a route's, an upstream's): each hierarchy's allowance of them.
-        self.allowances = Allowances(client, self.keys)
+        self.allowances = Allowances(self.scripts, self.keys)
         self.ttl_ms = int(reservation_ttl_s * 1000)
         # How long after sending a call gives up (the client's socket timeout); an admit must
         # run before then, less LATE_MARGIN_MS, or reserve nothing.
@@ -156,29 +167,29 @@ class Ledger:
         rid = reservation_id or uuid.uuid4().hex
         plan = self.plans.of(scope, shared)
         meta = _with_levels(meta, plan)
-        # Everything but the budget rows and windows (b, w, xm), in the spec's JSON.
-        extra = (
-            f',"r":{plan.rates_json},"i":{int(input_tokens)},"o":{int(output_estimate)}'
-            f',"mo":{int(least)},"pi":{int(prices.input_nusd)},"po":{int(prices.output_nusd)}'
-            f',"m":{dumps(meta.record())},"x":{1 if charge_on_expiry else 0}'
-            f',"lv":{plan.levels_json},"q":{int(queue_ticket_ms)},"qp":{int(queue_priority)}'
-            f',"hr":{int(headroom)}'
-        )
-        if config_version is not None:
-            extra += f',"cv":{int(config_version)}'
-        if not record_refusal:
-            extra += ',"nr":1'
-        if meta.lease:  # admitted against the lease too, and drawn from its hold
-            extra += f',"L":{dumps(meta.lease)}'
+        record = dumps(meta.record())
         settled = plan.settled_prefix + rid
-        ask = [',"ag":1' if shared else ""]  # admit.lua: answer 'grant' where an allowance is short
+        ask = [shared is not None]  # admit.lua: answer 'grant' where an allowance is short
 
         def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
-            used_keys, spec = self._spec_json(plan, now_ms, more)
-            spec += ask[0]
-            na = now_ms + self.call_timeout_ms - LATE_MARGIN_MS
-            keys = [*plan.ledger_keys, settled, *plan.queue_keys, plan.config_key, *used_keys]
-            return keys, [rid, self.ttl_ms, f'{spec}{extra},"na":{na}}}']
+            used_keys, rows, windows = self._spec(plan, now_ms, more)
+            return encode(
+                AdmitArgs(
+                    ledger=plan.ledger_keys, settled=settled, queue=plan.queue_keys,
+                    config=plan.config_key, used=used_keys, reservation_id=rid,
+                    ttl_ms=self.ttl_ms, rows=rows, windows=windows,
+                    settle_memory_ms=SETTLE_MEMORY_MS, ask_grant=ask[0], rates=plan.rates_json,
+                    input_tokens=input_tokens, output_estimate=output_estimate,
+                    min_output=least, price_in=prices.input_nusd, price_out=prices.output_nusd,
+                    meta=record, charge_on_expiry=charge_on_expiry, levels=plan.levels_json,
+                    queue_ticket_ms=queue_ticket_ms, queue_priority=queue_priority,
+                    headroom=headroom, config_version=config_version,
+                    no_refusal_record=not record_refusal,
+                    # admitted against the lease too, and drawn from its hold
+                    lease=meta.lease or None,
+                    not_after_ms=now_ms + self.call_timeout_ms - LATE_MARGIN_MS,
+                )
+            )  # fmt: skip
 
         try:
             reply = await self._run(self.scripts.admit, build, scope=scope)
@@ -188,7 +199,7 @@ class Ledger:
                 if reply[0] != "grant" or shared is None:
                     break
                 if await self._top_up(plan, shared, reply) or last:
-                    ask[0] = ""
+                    ask[0] = False
                 reply = await self._run(self.scripts.admit, build, scope=scope)
         except LedgerUnavailable as e:
             if fail_open:
@@ -210,9 +221,12 @@ class Ledger:
         ``client_gone`` (its client left); True if it was still waiting."""
         plan = self.plans.of(scope)
         record = dumps(_with_levels(meta, plan).record())
-        keys = [*plan.ledger_keys, *plan.queue_keys]
-        reply = await guarded(self.scripts.leave(keys=keys, args=[reservation_id, record, outcome]))
-        return bool(int(reply[2]))
+        keys, args = encode(
+            LeaveArgs(ledger=plan.ledger_keys, queue=plan.queue_keys,
+                      reservation_id=reservation_id, record=record, outcome=outcome)
+        )  # fmt: skip
+        reply = await guarded(self.scripts.leave(keys=keys, args=args))
+        return bool(int(named(REPLIES["leave"]["ok"], reply, 1)["waiting"]))
 
     async def extend(
         self, reservation: Reservation, tokens: int, *, least: int = 1
@@ -226,18 +240,23 @@ class Ledger:
         scope = reservation.scope
         plan = self.plans.of(scope, reservation.shared)
 
-        ask = [',"ag":1' if plan.shared and tokens > 0 else ""]  # extend.lua: 'grant' if short
+        ask = [plan.shared is not None and tokens > 0]  # extend.lua: 'grant' if short
 
         def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
-            used_keys, spec = self._spec_json(plan, now_ms, more)
-            keys = plan.ledger_keys + used_keys
-            return keys, [reservation.id, tokens, least, self.ttl_ms, spec + ask[0] + "}"]
+            used_keys, rows, windows = self._spec(plan, now_ms, more)
+            return encode(
+                ExtendArgs(
+                    ledger=plan.ledger_keys, used=used_keys, reservation_id=reservation.id,
+                    tokens=tokens, least=least, ttl_ms=self.ttl_ms, rows=rows, windows=windows,
+                    settle_memory_ms=SETTLE_MEMORY_MS, ask_grant=ask[0],
+                )
+            )  # fmt: skip
 
         reply = await self._run(self.scripts.extend, build)
         if reply[0] == "grant" and plan.shared is not None:
             # This hierarchy's allowance of a shared limit is short: top it up, ask once more.
             await self._top_up(plan, plan.shared, reply)
-            ask[0] = ""
+            ask[0] = False
             reply = await self._run(self.scripts.extend, build)
         result = parse_extend(reply, scope, plan.shared)
         return result
@@ -260,19 +279,22 @@ class Ledger:
         scope = reservation.scope
         prices = reservation.prices
         plan = self.plans.of(scope, reservation.shared)
-        record = note.record(_with_levels(reservation.meta, plan))
-        cost = "" if cost_nusd is None else f',"c":{max(int(cost_nusd), 0)}'
-        extra = (
-            f',"pi":{int(prices.input_nusd)},"po":{int(prices.output_nusd)}'
-            f',"u":{dumps(record)}{cost}}}'
-        )
+        record = dumps(note.record(_with_levels(reservation.meta, plan)))
+        cost = None if cost_nusd is None else max(int(cost_nusd), 0)
         settled = plan.settled_prefix + reservation.id
-        args_after = [max(input_tokens, 0), max(output_tokens, 0), SETTLE_MEMORY_MS]
 
         def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
-            used_keys, spec = self._spec_json(plan, now_ms, more)
-            keys = [*plan.ledger_keys, settled, *used_keys]
-            return keys, [reservation.id, *args_after, spec + extra]
+            used_keys, rows, windows = self._spec(plan, now_ms, more)
+            return encode(
+                SettleArgs(
+                    ledger=plan.ledger_keys, settled=settled, used=used_keys,
+                    reservation_id=reservation.id, input_tokens=max(input_tokens, 0),
+                    output_tokens=max(output_tokens, 0), memory_ms=SETTLE_MEMORY_MS, rows=rows,
+                    windows=windows, settle_memory_ms=SETTLE_MEMORY_MS,
+                    price_in=prices.input_nusd, price_out=prices.output_nusd, record=record,
+                    cost_nusd=cost,
+                )
+            )  # fmt: skip
 
         return parse_settle(await self._run(self.scripts.settle, build, scope=scope), scope)
 
@@ -287,9 +309,11 @@ class Ledger:
         had too little left to give it."""
         first = len(plan.scope.budgets) + 1  # admit.lua's row numbers: the shared rows follow
         wanted: list[tuple[SharedBudget, int]] = []
-        for at in range(2, len(reply) - 1, 2):
-            wanted.append((shared.budgets[int(reply[at]) - first], int(reply[at + 1])))
-        given = await self.allowances.grant(plan.scope.root.tag, wanted, int(reply[1]))
+        r = ReplyReader(plan.scope, reply)
+        while r.pos < len(reply):  # REPLIES' (row, need), once per short row
+            f = r.fields("admit")
+            wanted.append((shared.budgets[int(f["row"]) - first], int(f["need"])))
+        given = await self.allowances.grant(plan.scope.root.tag, wanted, r.now_ms)
         return any(given.get(b.field, 0) < need for b, need in wanted)
 
     async def publish_config_version(self, roots: Sequence[str], version: int) -> None:
@@ -297,8 +321,10 @@ class Ledger:
         its next admit of a hierarchy under ``roots`` (root tags: ``o:acme``, ``t:beta``)
         (``lua/config_version.lua``; a version only moves forward)."""
         for root in dict.fromkeys(roots):  # each hierarchy in its own slot: a call each
-            key = self.keys.config_version(root)
-            await guarded(self.scripts.config_version(keys=[key], args=[int(version)]))
+            keys, args = encode(
+                ConfigVersionArgs(version_key=self.keys.config_version(root), version=int(version))
+            )
+            await guarded(self.scripts.config_version(keys=keys, args=args))
 
     async def usage(self, scope: Scope, *, rates: bool = False) -> Usage:
         """Used, reserved and reset of every budget in ``scope`` (expired holds reclaimed first),
@@ -306,11 +332,16 @@ class Ledger:
         with ``rates``, each rate limit's state too (as an admit would see it, read only)."""
 
         plan = self.plans.of(scope)
-        more_json = f',"r":{plan.rates_json}' if rates else ""
+        rates_json = plan.rates_json if rates else None
 
         def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
-            used_keys, spec = self._spec_json(plan, now_ms, more)
-            return plan.ledger_keys + used_keys, [f'{spec},"lv":{plan.levels_json}{more_json}}}']
+            used_keys, rows, windows = self._spec(plan, now_ms, more)
+            return encode(
+                UsageArgs(
+                    ledger=plan.ledger_keys, used=used_keys, rows=rows, windows=windows,
+                    settle_memory_ms=SETTLE_MEMORY_MS, levels=plan.levels_json, rates=rates_json,
+                )
+            )  # fmt: skip
 
         return parse_usage(await self._run(self.scripts.usage, build, scope=scope), scope)
 
@@ -338,14 +369,16 @@ class Ledger:
         note = restore.source
 
         def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
-            used_keys, spec = self._budget_spec(whole, now_ms)
+            used_keys, budget_rows, windows = self._budget_spec(whole, now_ms)
             rows = [
                 [row[3], row[0], int(restore.used[row[0]])]
-                for row in spec["b"]
+                for row in budget_rows
                 if restore.used.get(row[0])
             ]
-            args = {"w": spec["w"], "r": rows, "src": note}
-            return self.keys.ledger(whole) + used_keys, [_dumps(args)]
+            return encode(
+                HydrateArgs(ledger=self.keys.ledger(whole), used=used_keys, windows=windows,
+                            rows=rows, source=note)
+            )  # fmt: skip
 
         reply = await self._run(self.scripts.hydrate, build, restoring=True)
         if reply[0] not in ("ok", "done"):
@@ -371,14 +404,20 @@ class Ledger:
     ) -> EstimatorStats:
         """Add one completed reply's output length to ``tenant``'s sample of ``route`` (with no
         tenant: the route's pooled sample)."""
-        keys = self.keys.estimator(route, tenant)
-        args: list[Any] = [tokens, keep, quantile, recompute_every]
+        samples, stats = self.keys.estimator(route, tenant)
+        keys, args = encode(
+            EstimatorRecordArgs(samples=samples, stats=stats, tokens=tokens, keep=keep,
+                                quantile=quantile, recompute_every=recompute_every)
+        )  # fmt: skip
         return parse_estimator(await guarded(self.scripts.estimator_record(keys=keys, args=args)))
 
     async def vote_output(self, route: str, tenant: str, value: int) -> Consensus:
         """Set ``tenant``'s vote on ``route``'s consensus to its own quantile (0 withdraws)."""
-        keys = self.keys.estimator_votes(route)
-        reply = await guarded(self.scripts.estimator_vote(keys=keys, args=[tenant, value]))
+        votes, consensus = self.keys.estimator_votes(route)
+        keys, args = encode(
+            EstimatorVoteArgs(votes=votes, consensus=consensus, tenant=tenant, value=value)
+        )
+        reply = await guarded(self.scripts.estimator_vote(keys=keys, args=args))
         return parse_consensus(reply)
 
     async def output_consensus(self, route: str) -> Consensus:
@@ -397,17 +436,17 @@ class Ledger:
         """Best guess of the server's clock, from the offset seen in earlier replies."""
         return int(time.time() * 1000) + self._offset_ms
 
-    def _spec_json(
+    def _spec(
         self, plan: ScopePlan, now_ms: int, more: tuple[str, ...]
-    ) -> tuple[list[str], str]:
-        """Used keys and the spec's JSON up to its closing brace: ``{"b":..,"w":..,"xm":..``
-        (the caller adds its own fields and the brace). From the plan, unless ``more`` names
-        other windows (an expired hold of another scope of the hierarchy)."""
+    ) -> tuple[list[str], str, str]:
+        """Used keys, and the budget rows and window rows as JSON (the spec's ``b`` and ``w``).
+        From the plan, unless ``more`` names other windows (an expired hold of another scope of
+        the hierarchy)."""
         if more:
-            used_keys, spec = self._budget_spec(plan.scope, now_ms, more, plan.shared)
-            return used_keys, _dumps(spec)[:-1]
-        used_keys, windows = plan.current(now_ms)
-        return used_keys, f'{{"b":{plan.rows_json},"w":{windows},"xm":{SETTLE_MEMORY_MS}'
+            used_keys, rows, windows = self._budget_spec(plan.scope, now_ms, more, plan.shared)
+            return used_keys, dumps(rows), dumps(windows)
+        used_keys, windows_json = plan.current(now_ms)
+        return used_keys, plan.rows_json, windows_json
 
     def _budget_spec(
         self,
@@ -415,9 +454,10 @@ class Ledger:
         now_ms: int,
         more: tuple[str, ...] = (),
         shared: SharedLimits | None = None,
-    ) -> tuple[list[str], dict[str, Any]]:
-        """Used keys and the common spec (b, w, xm) of ``scope``'s windows at ``now_ms``, then
-        of the windows ``more`` names (for expired holds of other scopes in the hierarchy)."""
+    ) -> tuple[list[str], list[list[Any]], list[list[Any]]]:
+        """Used keys, budget rows (b) and window rows (w) of ``scope``'s windows at ``now_ms``,
+        then of the windows ``more`` names (for expired holds of other scopes in the
+        hierarchy)."""
         windows = list(shared_windows(scope, shared))
         index = {w.spec: i for i, w in enumerate(windows)}
         for spec in more:
@@ -429,8 +469,8 @@ class Ledger:
         rows = [
             [b.field, b.dimension.short, b.limit, index[b.window.spec] + 1] for b in scope.budgets
         ] + shared_rows(shared, {spec: i + 1 for spec, i in index.items()})
-        w = [[b.start_ms, b.end_ms, b.spec] for b in bounds]
-        return used_keys, {"b": rows, "w": w, "xm": SETTLE_MEMORY_MS}
+        w: list[list[Any]] = [[b.start_ms, b.end_ms, b.spec] for b in bounds]
+        return used_keys, rows, w
 
     async def _run(
         self, script: Script, build: Build, *, scope: Scope | None = None, restoring: bool = False
@@ -440,7 +480,7 @@ class Ledger:
         'hydrate' (once ``scope``'s counters are restored)."""
         more: tuple[str, ...] = ()
         status = ""
-        for _ in range(_ATTEMPTS):
+        for _ in range(SCRIPT_ATTEMPTS):
             keys, args = build(self.server_now_ms(), more)
             reply = await guarded(script(keys=keys, args=args))
             if not isinstance(reply, list) or len(reply) < 2:
@@ -485,7 +525,3 @@ def _with_levels(meta: ReservationMeta, plan: ScopePlan) -> ReservationMeta:
     if meta is NO_META:
         return plan.no_meta
     return dataclasses.replace(meta, tenant=meta.tenant or tenant, org=meta.org or org)
-
-
-def _dumps(spec: dict[str, Any]) -> str:
-    return json.dumps(spec, separators=(",", ":"))

@@ -24,13 +24,19 @@ from typing import Protocol
 
 from hardcap_core.errors import LedgerUnavailable
 from hardcap_core.ledger.client import Ledger
+from hardcap_core.ledger.limits import (
+    ESTIMATOR_MIN_TENANTS,
+    ESTIMATOR_QUANTILE,
+    ESTIMATOR_RECOMPUTE_EVERY,
+    ESTIMATOR_SAMPLES_KEPT,
+)
 from hardcap_core.ledger.replies import Consensus
 from hardcap_core.logs import logger
 
-SAMPLES_KEPT = 1000
-QUANTILE = 0.95
-RECOMPUTE_EVERY = 16
-MIN_TENANTS = 3  # votes the consensus needs before a tenant without a sample reserves it
+SAMPLES_KEPT = ESTIMATOR_SAMPLES_KEPT
+QUANTILE = ESTIMATOR_QUANTILE
+RECOMPUTE_EVERY = ESTIMATOR_RECOMPUTE_EVERY
+MIN_TENANTS = ESTIMATOR_MIN_TENANTS  # votes the consensus needs before a tenant without a sample
 
 
 class Estimator(Protocol):

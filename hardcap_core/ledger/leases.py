@@ -18,14 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from hardcap_core.budgets import NANO_USD_PER_USD, Scope
+from hardcap_core.config.settings import DEFAULT_GATEWAY
 from hardcap_core.errors import InvalidRequest, LeaseNotFound, LedgerProtocolError
 from hardcap_core.ledger.client import Ledger
 from hardcap_core.ledger.connection import guarded
-from hardcap_core.ledger.plan import dumps
+from hardcap_core.ledger.contract import REPLIES, LeaseCloseArgs, LeaseOpenArgs, encode, named
+from hardcap_core.ledger.limits import SETTLE_MEMORY_MS
 from hardcap_core.ledger.replies import BudgetState, Refusal, Refused, ReplyReader, lease_of
 
-LEASE_HEADER = "x-hardcap-lease"
-DEFAULT_MAX_DEPTH = 4
+DEFAULT_MAX_DEPTH = DEFAULT_GATEWAY.lease_max_depth  # the config's gateway.lease_max_depth
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,30 +129,30 @@ class Leases:
         lid = lease_id or uuid.uuid4().hex
         ledger = self.ledger
         plan = ledger.plans.of(scope)
-        fields: dict[str, Any] = {"ttl": int(ttl_s * 1000), "md": self.max_depth}
-        fields.update(tn=owner.tenant, us=owner.user)
-        if tokens is not None:
-            fields["et"] = int(tokens)
-        if usd_nusd is not None:
-            fields["eu"] = int(usd_nusd)
-        if parent:
-            fields["p"] = parent
-        extra = "," + dumps(fields)[1:]
 
         def build(now_ms: int, more: tuple[str, ...]) -> tuple[list[str], list[Any]]:
-            used_keys, spec = ledger._spec_json(plan, now_ms, more)
-            return [*plan.ledger_keys, *used_keys], [lid, spec + extra]
+            used_keys, rows, windows = ledger._spec(plan, now_ms, more)
+            return encode(
+                LeaseOpenArgs(
+                    ledger=plan.ledger_keys, used=used_keys, lease_id=lid, rows=rows,
+                    windows=windows, settle_memory_ms=SETTLE_MEMORY_MS, ttl_ms=int(ttl_s * 1000),
+                    max_depth=self.max_depth, tenant=owner.tenant, user=owner.user,
+                    tokens=tokens, usd_nusd=usd_nusd, parent=parent or None,
+                )
+            )  # fmt: skip
 
         reply = await ledger._run(ledger.scripts.lease_open, build, scope=scope)
         r = ReplyReader(scope, reply)
         if r.status == "ok":
-            expires = r.int()
+            expires = int(r.fields("lease_open")["expires_at_ms"])
             return LeaseOpened(lid, expires, tokens, usd_nusd, r.budget_states(), r.now_ms)
         if r.status == "nolease":
             raise LeaseNotFound(f"The parent lease '{parent}' does not exist or has ended.")
         if r.status == "depth":
             raise InvalidRequest(
-                f"Leases nest at most {r.int()} deep: this one would be deeper.", param="parent"
+                f"Leases nest at most {r.fields('lease_open')['md']} deep: this one would be "
+                "deeper.",
+                param="parent",
             )
         if r.status == "dims":
             dim = r.text()
@@ -162,9 +163,9 @@ class Leases:
             raise InvalidRequest(f"The lease id '{lid}' is taken.", param="id")
         if r.status not in ("exceeded", "never"):
             raise r.unexpected("lease_open")
-        what = r.text()
+        f = r.fields("lease_open")
+        what, retry = str(f["what"]), int(f["retry_after_ms"])
         level, dimension, budget = r.locate(what)
-        retry = r.int()
         reason = Refusal.BUSY if lease_of(what) and r.status == "exceeded" else Refusal.EXCEEDED
         return Refused(
             reason, level, dimension, budget, retry, r.budget_states(), (), r.now_ms,
@@ -186,9 +187,12 @@ class Leases:
     ) -> LeaseState:
         ledger = self.ledger
         plan = ledger.plans.of(scope)
-        args = [lease_id, 1 if close else 0, owner.tenant, owner.user]
+        keys, args = encode(
+            LeaseCloseArgs(ledger=plan.ledger_keys, lease_id=lease_id, close=1 if close else 0,
+                           tenant=owner.tenant, user=owner.user)
+        )  # fmt: skip
         for _ in range(2):
-            reply = await guarded(ledger.scripts.lease_close(keys=plan.ledger_keys, args=args))
+            reply = await guarded(ledger.scripts.lease_close(keys=keys, args=args))
             status = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
             if status != "hydrate":
                 break
@@ -202,11 +206,13 @@ def parse_lease(lease_id: str, status: str, reply: Sequence[Any]) -> LeaseState:
         raise LeaseNotFound(f"The lease '{lease_id}' does not exist or has ended.")
     if status != "ok":
         raise LedgerProtocolError(f"lease_close replied {status!r}")
-    now, expires, et, eu, ut, uu, rt, ru, dp = (int(v) for v in reply[1:10])
-    parent = reply[10].decode() if isinstance(reply[10], bytes) else str(reply[10])
+    f = named(REPLIES["lease_close"]["ok"], reply, 1)
+    tokens, usd = int(f["tokens"]), int(f["usd"])
     return LeaseState(
-        lease_id, expires, None if et < 0 else et, None if eu < 0 else eu, ut, uu, rt, ru, dp,
-        parent or None, now,
+        lease_id, int(f["expires_at_ms"]), None if tokens < 0 else tokens,
+        None if usd < 0 else usd, int(f["spent_tokens"]), int(f["spent_usd"]),
+        int(f["held_tokens"]), int(f["held_usd"]), int(f["depth"]), str(f["parent"]) or None,
+        int(f["now_ms"]),
     )  # fmt: skip
 
 

@@ -3,28 +3,22 @@
 A scope's key names, its budget rows, rate limits and level tags never change; its windows'
 bounds change only when a window ends. Building them for every call (window bounds from
 ``datetime``, key names, a ``json.dumps`` of the whole spec) cost the client more CPU than
-redis-py's own work on the call. A :class:`ScopePlan` holds them, pre-encoded as JSON, and the
+redis-py's own work on the call. A :class:`ScopePlan` holds them, pre-encoded as JSON (with
+:func:`.contract.dumps`, handed to :func:`.contract.encode` as its ``raw`` members), and the
 bounds of the windows current at the last call, reused while the server-time guess stays inside
 them (so the result is exactly what building them again would give).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from hardcap_core.budgets import Scope, Window, WindowBounds
 from hardcap_core.ledger.allowances import SharedLimits
+from hardcap_core.ledger.contract import dumps
 from hardcap_core.ledger.keys import Keyspace, org_of, tenant_of
+from hardcap_core.ledger.limits import MAX_PLANS
 from hardcap_core.ledger.replies import ReservationMeta
-
-# More scopes than a config has principals means scopes are built per call (tests, tools):
-# then the plans are dropped and built again rather than kept without bound.
-MAX_PLANS = 4096
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
 
 
 class ScopePlan:

@@ -1,7 +1,8 @@
 """What the ledger scripts answer, as typed values, and one named parser per script reply.
 
-The scripts' reply layouts are documented in each ``lua/*.lua`` header; :class:`ReplyReader`
-walks a reply front to back, so no caller does offset arithmetic.
+The scripts' reply layouts are documented in each ``lua/*.lua`` header and declared once, by
+name, in :data:`.contract.REPLIES`; :class:`ReplyReader` walks a reply front to back through
+them, so no caller does offset arithmetic.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from hardcap_core.errors import (
     ReservationReused,
 )
 from hardcap_core.ledger.allowances import SharedBudget, SharedLimits
+from hardcap_core.ledger.contract import REPLIES, named
 
 
 class Refusal(StrEnum):
@@ -314,6 +316,14 @@ class ReplyReader:
         self.status = str(reply[0])
         self.now_ms = int(reply[1])
 
+    def fields(self, script: str) -> dict[str, Any]:
+        """The named fields of this reply (``script``'s layout for its status) that follow the
+        server time, up to its first group (read next by :meth:`budget_states` and
+        :meth:`rate_states`)."""
+        out = named(REPLIES[script][self.status][1:], self.reply, self.pos)
+        self.pos += len(out)
+        return out
+
     def int(self) -> int:
         value = int(self.reply[self.pos])
         self.pos += 1
@@ -380,11 +390,11 @@ def parse_admit(reply: Sequence[Any], scope: Scope, reservation: Reservation) ->
     if r.status == "expired":
         raise ReservationReused(f"reservation id {reservation.id!r} expired and was charged")
     if r.status == "config":
-        raise ConfigStale(r.int())
+        raise ConfigStale(int(r.fields("admit")["version"]))
     if r.status == "nolease":
         raise LeaseNotFound(f"The lease '{reservation.meta.lease}' does not exist or has ended.")
     if r.status == "ok":
-        reserved = r.int()
+        reserved = int(r.fields("admit")["output_reserved"])
         budgets = r.budget_states()
         held = Reservation(
             reservation.id, scope, reservation.prices, reservation.input_tokens, reserved,
@@ -392,9 +402,9 @@ def parse_admit(reply: Sequence[Any], scope: Scope, reservation: Reservation) ->
         )  # fmt: skip
         return Admitted(held, budgets, r.rate_states(), r.now_ms)
     if r.status == "queued":
-        what = r.text()
+        f = r.fields("admit")
+        what, ahead = str(f["what"]), int(f["waiting_ahead"])
         level, dimension, budget = r.locate(what)
-        ahead = r.int()
         busy = Refused(
             Refusal.BUSY, level, dimension, budget, 1000, r.budget_states(), r.rate_states(),
             r.now_ms, shared=r.found(what),
@@ -402,9 +412,9 @@ def parse_admit(reply: Sequence[Any], scope: Scope, reservation: Reservation) ->
         return Queued(ahead, busy, r.now_ms)
     if r.status not in REFUSALS:
         raise r.unexpected("admit")
-    what = r.text()
+    f = r.fields("admit")
+    what, retry_after_ms = str(f["what"]), int(f["retry_after_ms"])
     level, dimension, budget = r.locate(what)
-    retry_after_ms = r.int()
     budgets = r.budget_states()
     reason, shared = REFUSALS[r.status], r.found(what)
     if shared is not None and shared.measure in ("rpm", "tpm") and r.status in ("exceeded", "busy"):
@@ -425,10 +435,11 @@ def parse_extend(
     if r.status == "gone":
         return ReservationGone(r.now_ms)
     if r.status == "ok":
-        granted, total = r.int(), r.int()
+        f = r.fields("extend")
+        granted, total = int(f["granted"]), int(f["output_reserved_total"])
         return Extended(granted, total, r.budget_states(), r.now_ms)
     if r.status == "no":
-        what = r.text()
+        what = str(r.fields("extend")["what"])
         level, dimension, budget = r.locate(what)
         found = r.found(what)
         if budget is None and dimension != "tokens" and not lease_of(what) and found is None:
@@ -443,7 +454,8 @@ def parse_settle(reply: Sequence[Any], scope: Scope) -> Settled:
         return Settled(True, False, (), r.now_ms)
     if r.status != "ok":
         raise r.unexpected("settle")
-    had, expiry_charged = bool(r.int()), bool(r.int())
+    f = r.fields("settle")
+    had, expiry_charged = bool(int(f["had_reservation"])), bool(int(f["expiry_charged"]))
     return Settled(False, had, r.budget_states(), r.now_ms, expiry_charged=expiry_charged)
 
 
@@ -462,13 +474,15 @@ def parse_usage(reply: Sequence[Any], scope: Scope) -> Usage:
 
 
 def parse_estimator(reply: Sequence[Any]) -> EstimatorStats:
-    """estimator_record.lua: {quantile value, sample size}."""
-    return EstimatorStats(int(reply[0]), int(reply[1]))
+    """estimator_record.lua's reply."""
+    f = named(REPLIES["estimator_record"][""], reply)
+    return EstimatorStats(int(f["quantile_value"]), int(f["sample_size"]))
 
 
 def parse_consensus(reply: Sequence[Any]) -> Consensus:
-    """estimator_vote.lua: {consensus value, votes}."""
-    return Consensus(int(reply[0]), int(reply[1]))
+    """estimator_vote.lua's reply."""
+    f = named(REPLIES["estimator_vote"][""], reply)
+    return Consensus(int(f["consensus_value"]), int(f["votes"]))
 
 
 LEASE_PREFIX = "l:"

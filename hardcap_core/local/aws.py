@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -160,3 +161,22 @@ def dynamodb_client() -> Any:
 
 def _has_credentials() -> bool:
     return bool(os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_PROFILE"))
+
+
+class OneCallAtATime:
+    """A DynamoDB client whose calls moto runs one at a time, as DynamoDB applies each request
+    atomically: moto rolls a failed transaction back by restoring a copy of the table taken
+    before it, which erases a write another thread made meanwhile."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._client, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                return method(*args, **kwargs)
+
+        return call

@@ -77,9 +77,10 @@
 -- never below `mo`, but only once no hold in flight makes that room smaller: one request takes
 -- the tail, not several small holds that each would be cut. One that would not fit even with
 -- nothing used is 'never'; otherwise 'exceeded'.
--- The queue is first come, first served per tenant: while ids wait, a newcomer queues behind
--- them, and only the first in line is admitted (so a freed token goes to the oldest waiter, on
--- whichever instance it waits). A ticket not renewed in time (its waiter died or gave up) lapses.
+-- The queue is first come, first served per tenant within a priority class (a higher `qp` goes
+-- ahead of every lower one): while ids wait, a newcomer queues behind those of its class and
+-- above, and only the first in line is admitted (so a freed token goes to the oldest waiter of
+-- the highest class, on whichever instance it waits). A ticket not renewed in time (its waiter died or gave up) lapses.
 -- A request that can never fit is refused at once, queued or not.
 -- A refused request changes nothing but the reclaiming of expired reservations (and its own
 -- ticket), and appends a usage record of the refusal (outcome busy, exceeded, never or rate);
@@ -112,7 +113,7 @@ if missing then return needs_windows(now, missing) end
 local held = redis.call('HGET', KEYS[K_RES], rid)
 if held then
   local used, reserved = read_counts(used_keys, spec.b)
-  local reply = {'ok', now, cjson.decode(held).o}
+  local reply = {'ok', now, record_of(held).o}
   append_budget_state(reply, spec.b, spec.w, used, reserved, now)
   table.insert(reply, 0)
   return reply
@@ -127,7 +128,7 @@ end
 
 local est_in, est_out, min_out = spec.i, spec.o, spec.mo
 local pin, pout = spec.pi, spec.po
-local minute = 60000
+local minute = MINUTE_MS
 
 -- Rate limits: compute everything first, so a refusal writes nothing.
 local rates, rate_state = {}, {#spec.r}
@@ -265,13 +266,13 @@ local function wait()
       redis.call('ZADD', KEYS[K_Q], string.format('%.17g', score), rid)
     end
     redis.call('ZADD', KEYS[K_QX], now + queue_ttl, rid)
-    keep_alive(queue_ttl + minute, KEYS[K_Q], KEYS[K_QX])
+    keep_alive(queue_ttl + HOLD_KEY_GRACE_MS, KEYS[K_Q], KEYS[K_QX])
     local reply = {'queued', now, spec.b[tight][1], ahead}
     append_budget_state(reply, spec.b, spec.w, used, reserved, now)
     for _, v in ipairs(rate_state) do table.insert(reply, v) end
     return reply
   end
-  return budget_reply('busy', spec.b[tight][1], 1000)
+  return budget_reply('busy', spec.b[tight][1], BUSY_RETRY_MS)
 end
 
 -- A lease: the envelope is one more level. Its output room caps the estimate; a request that
@@ -286,7 +287,7 @@ if lease then
     return budget_reply('exceeded', what, lease.e - now)
   elseif room < min_out then
     leave_queue()  -- the lease's own holds stand in the way, not the tenant's queue
-    return budget_reply('busy', what, 1000)
+    return budget_reply('busy', what, BUSY_RETRY_MS)
   end
   est_out = math.min(est_out, room)
 end
@@ -343,7 +344,7 @@ for _, st in ipairs(rates) do
     tpm_levels[#tpm_levels + 1] = {tag, st.tpm, take}
   end
 end
-if #rates > 0 then keep_alive(ttl + 2 * minute, KEYS[K_RL]) end
+if #rates > 0 then keep_alive(ttl + RATE_KEY_GRACE_MS, KEYS[K_RL]) end
 
 local fields, dims, drawn = {}, {}, {}
 for i, b in ipairs(spec.b) do
@@ -361,13 +362,13 @@ if lease then
 end
 local levels = spec.lv or {}
 for _, tag in ipairs(levels) do redis.call('HINCRBY', KEYS[K_LIVE], tag, 1) end
-local rec = {f = fields, d = dims, i = est_in, o = out, pi = pin, po = pout,
-             r = tpm_levels, m = spec.m, lv = levels,
+local rec = {v = RESERVATION_VERSION, f = fields, d = dims, i = est_in, o = out, pi = pin,
+             po = pout, r = tpm_levels, m = spec.m, lv = levels,
              x = (spec.x == 1) and 1 or 0, t = now}
 if lease then rec.L, rec.lc = lease.id, drawn end
 redis.call('HSET', KEYS[K_RES], rid, cjson.encode(rec))
 redis.call('ZADD', KEYS[K_EXP], now + ttl, rid)
-keep_alive(ttl + minute, KEYS[K_RESERVED], KEYS[K_RES], KEYS[K_EXP], KEYS[K_LIVE])
+keep_alive(ttl + HOLD_KEY_GRACE_MS, KEYS[K_RESERVED], KEYS[K_RES], KEYS[K_EXP], KEYS[K_LIVE])
 
 local reply = {'ok', now, out}
 append_budget_state(reply, spec.b, spec.w, used, reserved, now)

@@ -16,6 +16,6 @@ local reply = {'ok'}
 for _, row in ipairs(cjson.decode(ARGV[1]).b) do
   local key = KEYS[row[3]]
   reply[#reply + 1] = redis.call('HINCRBY', key, row[1] .. ':a', row[2])
-  redis.call('PEXPIREAT', key, row[4] + 86400000, 'NX')  -- as lib.lua's charge: a day more
+  redis.call('PEXPIREAT', key, row[4] + USED_KEY_GRACE_MS, 'NX')  -- as lib.lua's charge
 end
 return reply

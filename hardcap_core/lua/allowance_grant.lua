@@ -16,8 +16,9 @@
 --
 -- Reply, grant:     {'ok', now_ms, given per row..., k, holder...}: given = min(amount, what is
 --                   left of the limit in the window); where some row gave less than asked,
---                   the k (<= 16) other hierarchies holding the most of it (root tags), whose
---                   unused allowance the caller may release (allowance_release.lua) and return
+--                   the k (<= GRANT_HOLDERS, consts.lua) other hierarchies holding the most
+--                   of it (root tags), whose unused allowance the caller may release
+--                   (allowance_release.lua) and return
 -- Reply, return:    {'ok', now_ms, taken back per row...}: at most what the hierarchy holds
 -- Reply, bad clock: {'clock', now_ms}  (a window named does not contain now: nothing changes)
 --
@@ -34,7 +35,6 @@ for _, w in ipairs(spec.w) do
   if now < w[1] or now >= w[2] then return {'clock', now} end
 end
 
-local HOLDERS = 16
 local reply, short = {'ok', now}, {}
 for _, row in ipairs(spec.b) do
   local field, limit, want, key = row[1], row[2], math.max(row[3], 0), KEYS[row[4]]
@@ -55,8 +55,8 @@ for _, row in ipairs(spec.b) do
   reply[#reply + 1] = math.abs(n)
 end
 for i, w in ipairs(spec.w) do
-  -- A window's grants matter until it ends; an hour more for a late return.
-  redis.call('PEXPIREAT', KEYS[i], w[2] + 3600000, 'NX')
+  -- A window's grants matter until it ends, and a while more for a late return.
+  redis.call('PEXPIREAT', KEYS[i], w[2] + GRANT_GRACE_MS, 'NX')
 end
 
 -- Who else holds what a short row lacks: the largest holders first.
@@ -77,7 +77,7 @@ for field, key in pairs(short) do
 end
 table.sort(holders, function(a, b) return a[2] > b[2] end)
 if mode == 'grant' then
-  local k = math.min(#holders, HOLDERS)
+  local k = math.min(#holders, GRANT_HOLDERS)
   reply[#reply + 1] = k
   for j = 1, k do reply[#reply + 1] = holders[j][1] end
 end

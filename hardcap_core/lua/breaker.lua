@@ -101,8 +101,8 @@ end
 
 redis.call('HSET', KEYS[1], 's', state, 'f', fails, 't', opened, 'p', probes, 'pt', probe_at,
            'v', 2, 'w', first, 'n', named, 'nf', fails, 'a', a, 'at', a_at, 'b', b, 'bt', b_at)
--- A breaker nobody touched for a day is forgotten (closed).
-redis.call('PEXPIRE', KEYS[1], 86400000)
+-- A breaker nobody touched for a while is forgotten (closed).
+redis.call('PEXPIRE', KEYS[1], BREAKER_IDLE_MS)
 local wait = 0
 if state == 'o' then wait = math.max(opened + cooldown - now, 0) end
 return {allowed, names[state], fails, wait, named, need}

@@ -40,7 +40,7 @@ if missing then return needs_windows(now, missing) end
 
 local raw = redis.call('HGET', KEYS[K_RES], rid)
 if not raw then return {'gone', now} end
-local rec = cjson.decode(raw)
+local rec = record_of(raw)
 
 local used, reserved = read_counts(used_keys, spec.b)
 local cap = limits_of(used_keys, spec.b)  -- a shared row: this hierarchy's allowance
@@ -112,9 +112,9 @@ if grant > 0 then
   rec.o = rec.o + grant
   redis.call('HSET', KEYS[K_RES], rid, cjson.encode(rec))
 end
-if #windows > 0 then keep_alive(ttl + 120000, KEYS[K_RL]) end
+if #windows > 0 then keep_alive(ttl + RATE_KEY_GRACE_MS, KEYS[K_RL]) end
 redis.call('ZADD', KEYS[K_EXP], 'XX', now + ttl, rid)
-keep_alive(ttl + 60000, KEYS[K_RESERVED], KEYS[K_RES], KEYS[K_EXP], KEYS[K_LIVE])
+keep_alive(ttl + HOLD_KEY_GRACE_MS, KEYS[K_RESERVED], KEYS[K_RES], KEYS[K_EXP], KEYS[K_LIVE])
 
 local reply = {'ok', now, grant, rec.o}
 return append_budget_state(reply, spec.b, spec.w, used, reserved, now)

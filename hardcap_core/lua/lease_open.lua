@@ -70,7 +70,8 @@ if parent then
   for _, x in ipairs(fits) do
     if x[1] and x[4] > x[1] - x[2] - x[3] then
       local kind = (x[4] > x[1]) and 'never' or 'exceeded'
-      return refuse(kind, 'l:' .. parent.id .. ':' .. x[5], (kind == 'never') and 0 or 1000)
+      local retry = (kind == 'never') and 0 or BUSY_RETRY_MS
+      return refuse(kind, 'l:' .. parent.id .. ':' .. x[5], retry)
     end
   end
 end
@@ -91,9 +92,9 @@ for i, b in ipairs(spec.b) do
   end
 end
 
-local l = {lease = 1, id = id, e = expires, t = now, et = spec.et, eu = spec.eu,
-           ut = 0, uu = 0, rt = 0, ru = 0, h = {}, a = {}, c = {}, p = spec.p, dp = depth,
-           tn = spec.tn or '', us = spec.us or ''}
+local l = {v = RESERVATION_VERSION, lease = 1, id = id, e = expires, t = now, et = spec.et,
+           eu = spec.eu, ut = 0, uu = 0, rt = 0, ru = 0, h = {}, a = {}, c = {}, p = spec.p,
+           dp = depth, tn = spec.tn or '', us = spec.us or ''}
 for i, b in ipairs(spec.b) do
   local a = amounts[i]
   if a > 0 then
@@ -110,7 +111,7 @@ if parent then
 end
 lease_save(l)
 redis.call('ZADD', KEYS[K_EXP], expires, LEASE .. id)
-keep_alive(spec.ttl + 60000, KEYS[K_RESERVED], KEYS[K_RES], KEYS[K_EXP])
+keep_alive(spec.ttl + HOLD_KEY_GRACE_MS, KEYS[K_RESERVED], KEYS[K_RES], KEYS[K_EXP])
 
 local reply = {'ok', now, expires}
 return append_budget_state(reply, spec.b, spec.w, used, reserved, now)

@@ -1,7 +1,9 @@
 -- lib.lua: helpers shared by the ledger scripts.
 --
--- Not a script of its own: hardcap_core/ledger/scripts.py prepends this file to admit, extend, settle
--- and usage when it registers them, so each registered script is self-contained on the server.
+-- Not a script of its own: hardcap_core/ledger/scripts.py prepends this file to each of its
+-- LEDGER_SCRIPTS (admit, extend, settle, usage, hydrate, leave, lease_open, lease_close), after
+-- consts.lua (the lifetimes, limits and record versions, named once), when it registers them,
+-- so each registered script is self-contained on the server.
 --
 -- Conventions used by every ledger script:
 --   * time comes from the server: now_ms() reads TIME, never a client clock;
@@ -25,7 +27,8 @@ local K_RESTORED = 9    -- hc:{root}:restored    string  set once the counters w
                         --                       missing (a new or flushed cache) admit, settle
                         --                       and usage answer {'hydrate', now_ms}
 --
--- A reservation record (K_RES): {f: fields, d: dims, i: input, o: output held, pi/po: prices,
+-- A reservation record (K_RES): {v: its version (consts.lua: RESERVATION_VERSION; absent in
+--   version 1, the release before), f: fields, d: dims, i: input, o: output held, pi/po: prices,
 --   r: [[level tag, tpm, tokens its window holds]...] (see tpm_release), m: meta,
 --   lv: level tags,
 --   x: 1 to be charged (not refunded) when it expires, t: admitted at, ms,
@@ -34,24 +37,20 @@ local K_RESTORED = 9    -- hc:{root}:restored    string  set once the counters w
 -- Meta (m): {rt: route, md: upstream model, k: key id, rq: request id, tn: tenant, og: org,
 --   pv: upstream (provider) name, us: the user level's id (tenant~user), only when the request
 --   has a user}: what a usage record says about who spent and where.
--- A usage record (K_USAGE; parsed by hardcap_core/rollup/records.py), one field 'r' (format 2,
---   or 3 with a user; see append_record): est (1: the amounts are an estimate), n (requests it
---   counts), in, out, rs (reasoning), ci (cached input), usd (nUSD), t0 (admitted at, ms), then
+-- A usage record (K_USAGE; parsed by hardcap_core/rollup/records.py), one field 'r' whose first
+--   integer is its format (consts.lua: USAGE_FORMAT*; 2, or 3 with a user; see append_record):
+--   est (1: the amounts are an estimate), n (requests it counts), in, out, rs (reasoning), ci
+--   (cached input), usd (nUSD), t0 (admitted at, ms), then
 --   kind (s settle, x expiry charge, r refusal), rid, tn, org, k, rt, md, pv, rq, oc (outcome)
 --   and, in format 3, us (format 4: us, '' if none, then ls, the lease); amounts are what the
 --   record adds to spend.
--- An expiry record (K_EXPIRED): {c: [[field, dim, used key]...] charged, i, o, pi, po: the counts
+-- An expiry record (K_EXPIRED): {v: its version (as a reservation record's), c: [[field, dim,
+--   used key]...] charged, i, o, pi, po: the counts
 --   and prices charged, r: the tpm levels (as the reservation's, their holds counted as ended
 --   at expiry), m: meta, e: 1 (an estimate: the provider's count never
 --   arrived)}
 
-local DAY_MS = 86400000
--- A usage stream is trimmed by the rollup once its records are in the durable ledger. This cap
--- only keeps a cache whose rollup stopped from filling up: about 200 MB of records per
--- hierarchy, more than a day of records at 10 requests a second.
-local USAGE_MAXLEN = 1000000
-local RECLAIM_BATCH = 256
-local FORGET_BATCH = 64
+-- Lifetimes, limits and record versions: consts.lua, prepended before this file.
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -97,15 +96,25 @@ local function keep_alive(ms, ...)
   end
 end
 
--- Add `n` to a used key's field; the key outlives its window by a day (for late reads).
+-- Add `n` to a used key's field; the key outlives its window (for late reads).
 local function charge(used_key, window_end, field, n)
   if n ~= 0 then redis.call('HINCRBY', used_key, field, n) end
-  redis.call('PEXPIREAT', used_key, window_end + DAY_MS, 'NX')
+  redis.call('PEXPIREAT', used_key, window_end + USED_KEY_GRACE_MS, 'NX')
 end
 
 -- An integer as Redis stores it: whole digits, never '1e+15'.
 local function int(x)
   return string.format('%d', x)
+end
+
+-- A reservation, lease or expiry record as stored (JSON), decoded; every script reads them
+-- here. Any version is read (consts.lua: RESERVATION_VERSION): one without v is version 1,
+-- the release before, which holds the same fields; a newer one only adds fields, which a
+-- script passes on untouched when it writes the record back (extend).
+local function record_of(raw)
+  local rec = cjson.decode(raw)
+  rec.v = rec.v or 1
+  return rec
 end
 
 -- Append a usage record: `kind` 's' | 'x' | 'r', meta `m` (see above), counts `c`:
@@ -120,13 +129,13 @@ local function append_record(kind, rid, m, c)
   m = m or {}
   local strings = {kind, rid, m.tn or '', m.og or '', m.k or '', m.rt or '', m.md or '',
                    m.pv or '', m.rq or '', c.oc}
-  local version = 2
+  local version = USAGE_FORMAT
   if m.us and m.us ~= '' then
-    version = 3
+    version = USAGE_FORMAT_USER
     strings[11] = m.us
   end
   if m.ls and m.ls ~= '' then  -- format 4: the lease as a 12th string (the user '' if none)
-    version = 4
+    version = USAGE_FORMAT_LEASE
     strings[11], strings[12] = m.us or '', m.ls
   end
   local r = string.format('%d,%d,%d,%d,%d,%d,%d,%d,%d,', version, c.est or 0, c.n or 1,
@@ -168,8 +177,7 @@ end
 --               or two a second under load; none when nothing ended) and moves eo to t - 60
 --   <tag>:el    the latest second that has ended tokens (when the window will be empty)
 -- A reservation record's r holds [tag, tpm, held] per level; records of the earlier token
--- bucket ([tag, tpm], fields <tag>:tb and <tag>:tt) are ignored.
-local TPM_SLOTS = 61
+-- bucket ([tag, tpm], fields <tag>:tb and <tag>:tt) are ignored. TPM_SLOTS: consts.lua.
 
 -- Append to `fields` the K_RL fields tpm_state reads.
 local function tpm_fields(fields, tag)
@@ -222,7 +230,7 @@ end
 -- per minute, a sliding window (this minute's count plus last minute's, weighted by how much of
 -- it still overlaps: est), and with tpm > 0 the tokens-per-minute window (win_state).
 local function rate_read(tag, tpm, now)
-  local minute = 60000
+  local minute = MINUTE_MS
   local names = {tag .. ':rw', tag .. ':rc', tag .. ':rp'}
   if tpm > 0 then tpm_fields(names, tag) end
   local f = redis.call('HMGET', KEYS[K_RL], unpack(names))
@@ -255,7 +263,7 @@ end
 -- buckets read oldest first), or 1000 when the live holds alone leave no room (they end when
 -- their streams settle).
 local function tpm_retry(st, need, tpm, sec, now)
-  if st.live + need > tpm then return 1000 end
+  if st.live + need > tpm then return BUSY_RETRY_MS end
   local over = st.live + st.ended + need - tpm  -- ended tokens that must leave first
   local names = {}
   for t = st.eo, sec do names[#names + 1] = bucket_field(st.tag, t) end
@@ -265,7 +273,7 @@ local function tpm_retry(st, need, tpm, sec, now)
     over = over - bucket_tokens(per[i], t)
     if over <= 0 then return math.max((t + TPM_SLOTS) * 1000 - now, 1) end
   end
-  return 1000
+  return BUSY_RETRY_MS
 end
 
 -- Add `n` tokens to a level's bucket of the current second (and to its sum).
@@ -296,7 +304,7 @@ local function tpm_release(levels, ended, now)
       tpm_add_ended(lvl[1], ended, now)
     end
   end
-  if any then keep_alive(120000, KEYS[K_RL]) end
+  if any then keep_alive(RATE_KEY_GRACE_MS, KEYS[K_RL]) end
 end
 
 -- A settle after an expiry that counted the hold as ended: count only what the real usage
@@ -309,7 +317,7 @@ local function tpm_late(levels, extra, now)
       tpm_add_ended(lvl[1], extra, now)
     end
   end
-  if any and extra > 0 then keep_alive(120000, KEYS[K_RL]) end
+  if any and extra > 0 then keep_alive(RATE_KEY_GRACE_MS, KEYS[K_RL]) end
 end
 
 -- The used key and window end of each window spec the caller named.
@@ -329,13 +337,13 @@ local function charge_expired(rid, rec, by, now, memory)
     charge(w[1], w[2], f, amount(rec.d[i], rec.i, rec.o, rec.pi, rec.po))
     rows[i] = {f, rec.d[i], w[1]}
   end
-  local x = {c = rows, i = rec.i, o = rec.o, pi = rec.pi, po = rec.po, r = rec.r, m = rec.m, e = 1,
-             L = rec.L}
+  local x = {v = RESERVATION_VERSION, c = rows, i = rec.i, o = rec.o, pi = rec.pi, po = rec.po,
+             r = rec.r, m = rec.m, e = 1, L = rec.L}
   redis.call('HSET', KEYS[K_EXPIRED], rid, cjson.encode(x))
   append_record('x', rid, rec.m, {oc = 'expired', est = 1, n = 1, i = rec.i, o = rec.o,
                                   usd = amount('usd', rec.i, rec.o, rec.pi, rec.po), t0 = rec.t})
   redis.call('ZADD', KEYS[K_EXPIRED_AT], now + memory, rid)
-  keep_alive(memory + 60000, KEYS[K_EXPIRED], KEYS[K_EXPIRED_AT])
+  keep_alive(memory + EXPIRED_KEY_GRACE_MS, KEYS[K_EXPIRED], KEYS[K_EXPIRED_AT])
 end
 
 -- Forget expiry records older than the settle memory: a settle that late is not expected.
@@ -349,7 +357,8 @@ end
 
 -- Leases (lease_open.lua, lease_close.lua): a hold of an envelope (tokens and/or nUSD) on a
 -- scope's budgets, kept in K_RES as 'L:<id>' with its expiry in K_EXP, so that reclaim ends it
--- like an expired hold. A lease record: {lease: 1, id, e: expires at, t: opened at,
+-- like an expired hold. A lease record: {v: its version (as a reservation record's), lease: 1,
+--   id, e: expires at, t: opened at,
 --   et/eu: the envelope in tokens / nUSD (absent: that dimension is not limited),
 --   ut/uu: spent (charged by settles of its requests and ended sub-leases),
 --   rt/ru: held by its live requests and sub-leases,
@@ -366,7 +375,7 @@ local function lease_get(id, now)
   if not id or id == '' then return nil end
   local raw = redis.call('HGET', KEYS[K_RES], LEASE .. id)
   if not raw then return nil end
-  local l = cjson.decode(raw)
+  local l = record_of(raw)
   if l.e <= now then return nil end  -- expired: ended by the next reclaim
   return l
 end
@@ -474,7 +483,7 @@ local function reclaim(now, spec, used_keys)
     for i, rid in ipairs(expired) do
       local raw = redis.call('HGET', KEYS[K_RES], rid)
       if raw then
-        local rec = cjson.decode(raw)
+        local rec = record_of(raw)
         recs[i] = rec
         if rec.x == 1 then
           for _, f in ipairs(rec.f) do

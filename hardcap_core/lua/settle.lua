@@ -54,7 +54,7 @@ local under, late = nil, nil  -- a lease's request: its record, or its lease aft
 local raw = redis.call('HGET', KEYS[K_RES], rid)
 if raw then
   had = 1
-  local rec = cjson.decode(raw)
+  local rec = record_of(raw)
   t0 = rec.t or 0
   release(rec)
   redis.call('HDEL', KEYS[K_RES], rid)
@@ -65,7 +65,7 @@ else
   local xraw = redis.call('HGET', KEYS[K_EXPIRED], rid)
   if xraw then
     charged_at_expiry = 1
-    local x = cjson.decode(xraw)
+    local x = record_of(xraw)
     xi, xo, xusd = x.i, x.o, amount('usd', x.i, x.o, x.pi, x.po)
     for _, row in ipairs(x.c) do
       before[row[1]] = {amount(row[2], x.i, x.o, x.pi, x.po), row[3]}
@@ -97,9 +97,9 @@ for _, b in ipairs(spec.b) do
   end
   if a ~= 0 then redis.call('HINCRBY', key, b[1], a) end
 end
--- A window's key outlives its window by a day (for late reads), then expires by itself.
+-- A window's key outlives its window (for late reads), then expires by itself.
 for j, w in ipairs(spec.w) do
-  redis.call('PEXPIREAT', used_keys[j], w[2] + 86400000, 'NX')
+  redis.call('PEXPIREAT', used_keys[j], w[2] + USED_KEY_GRACE_MS, 'NX')
 end
 redis.call('SET', KEYS[10], 1, 'PX', remember)
 local u = spec.u or {}

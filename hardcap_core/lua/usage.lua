@@ -47,7 +47,7 @@ if spec.r then
     local st = rate_read(r[1], tpm, now)
     if rpm > 0 then
       table.insert(reply, math.max(math.floor(rpm - st.est), 0))
-      table.insert(reply, 60000 - st.elapsed)
+      table.insert(reply, MINUTE_MS - st.elapsed)
     else
       table.insert(reply, -1)
       table.insert(reply, -1)

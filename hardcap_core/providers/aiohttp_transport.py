@@ -197,7 +197,7 @@ class _Proxies:
     """The proxy for each upstream, from ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``NO_PROXY`` (any
     case), as curl and requests read them: read once per transport and per origin. aiohttp's
     ``trust_env`` reads them, and ``~/.netrc`` in a worker thread, on every request (~400 µs
-    of CPU per request here: bench/levers.py)."""
+    of CPU per request here: bench/speed/levers.py)."""
 
     def __init__(self) -> None:
         self._env = urllib.request.getproxies_environment()

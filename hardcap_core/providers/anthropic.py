@@ -17,6 +17,7 @@ from typing import Any
 
 from hardcap_core.chat import ANTHROPIC_MESSAGES, ChatRequest
 from hardcap_core.config import Route
+from hardcap_core.config.settings import DEFAULT_GATEWAY
 from hardcap_core.errors import UpstreamMalformed
 from hardcap_core.events import Completion, Read
 from hardcap_core.providers.anthropic_events import MessageDecoder, completion
@@ -32,7 +33,9 @@ class AnthropicMessages:
 
     dialect = DIALECT
 
-    def __init__(self, http: Transport, *, chars_per_token: float = 4.0) -> None:
+    def __init__(
+        self, http: Transport, *, chars_per_token: float = DEFAULT_GATEWAY.chars_per_token
+    ) -> None:
         self.client = http
         self.chars_per_token = chars_per_token
 

@@ -1,7 +1,8 @@
 """The provider interface: send a chat request to an upstream, get normalized events back.
 
-One implementation per kind of upstream (OpenAI-compatible today; Anthropic and Bedrock are
-to come, each its own module here). A provider translates its upstream's errors into
+One implementation per kind of upstream, each its own module here: OpenAI-compatible
+(``openai_compat.py``), Anthropic Messages (``anthropic.py``) and Bedrock Converse
+(``bedrock.py``), found through ``registry.py``. A provider translates its upstream's errors into
 :class:`~hardcap_core.errors.GatewayError` at its own boundary, so the gateway never sees a
 transport exception.
 """

@@ -37,6 +37,7 @@ from typing import Any
 
 from hardcap_core.chat import BEDROCK_CONVERSE, ChatRequest
 from hardcap_core.config import Route, Upstream
+from hardcap_core.config.settings import DEFAULT_GATEWAY
 from hardcap_core.events import Completion, Event, FinishReason, Output, OutputKind, Read, Usage
 from hardcap_core.logs import logger
 from hardcap_core.providers.bedrock_errors import call_error, event_error, transport_failure
@@ -92,7 +93,7 @@ class BedrockConverse:
     def __init__(
         self,
         *,
-        chars_per_token: float = 4.0,
+        chars_per_token: float = DEFAULT_GATEWAY.chars_per_token,
         client_factory: Callable[[Upstream], Any] | None = None,
     ) -> None:
         self.chars_per_token = chars_per_token

@@ -30,6 +30,7 @@ from typing import Any
 from hardcap_core import json_codec, sse
 from hardcap_core.chat import ANTHROPIC_MESSAGES, OPENAI_CHAT, ChatRequest
 from hardcap_core.config import Route
+from hardcap_core.config.settings import DEFAULT_GATEWAY
 from hardcap_core.errors import UpstreamMalformed
 from hardcap_core.events import Completion, Event, FinishReason, Output, OutputKind, Read, Usage
 from hardcap_core.providers.http import open_sse, post, send_json
@@ -79,7 +80,9 @@ class OpenAICompatible:
 
     dialect = DIALECT
 
-    def __init__(self, client: Transport, *, chars_per_token: float = 4.0) -> None:
+    def __init__(
+        self, client: Transport, *, chars_per_token: float = DEFAULT_GATEWAY.chars_per_token
+    ) -> None:
         self.client = client
         self.chars_per_token = chars_per_token
 

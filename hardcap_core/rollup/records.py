@@ -8,6 +8,27 @@ A record's token and cost fields are what it *adds* to the tenant's spend. A req
 record, except a request whose hold expired before its settle came: the expiry writes a record
 of the hold it charged (``estimate``), and the late settle a second one with the difference to
 the real counts (``requests`` 0, amounts possibly negative). Their sum is what was billed.
+
+Every record names its format, its version: the first integer of the packed field ``r``
+(``lua/consts.lua``: ``USAGE_FORMAT*``, which must equal the ``FORMAT_VERSION*`` here), or the
+field ``v`` of format 1. Formats only grow by strings appended at the end, and a script writes
+the lowest format that holds what a record says:
+
+====== ======================================================================== =============
+format what the record holds                                                    written
+====== ======================================================================== =============
+1      a field per value (``v`` = 1, ``kind``, ``rid``, ``in``, ...)            no longer
+2      ``r`` = ``2,est,n,in,out,rs,ci,usd,t0,`` + JSON [kind, rid, tn, org, k,   no user, no
+       rt, md, pv, rq, oc]                                                      lease
+3      format 2 + the user (tenant~user) as an 11th string                     with a user
+4      format 3 (the user "" if none) + the lease id as a 12th string          under a lease
+====== ======================================================================== =============
+
+So a deploy that has no users and opens no leases writes format 2 exactly, which every rollup
+since format 2 reads; this rollup reads all four, so streams written before an upgrade (and by
+the previous release's scripts during a deploy) are read. A format this module does not know
+is refused (ValueError), never guessed at: the rollup is deployed with (or before) a gateway
+that writes a new one.
 """
 
 from __future__ import annotations
@@ -24,6 +45,7 @@ FORMAT_VERSION_USER = "3"  # ... and with one: format 2 plus the user as an 11th
 # Written only under a lease, so a deploy that opens none writes what the release before reads.
 FORMAT_VERSION_LEASE = "4"
 FORMAT_VERSION_1 = "1"  # still read: a stream may hold them from before an upgrade
+FORMATS = (FORMAT_VERSION_1, FORMAT_VERSION, FORMAT_VERSION_USER, FORMAT_VERSION_LEASE)
 # Strings after the integers, per packed format: the user is last and only in format 3, so a
 # deploy without users writes exactly what a rollup of the release before reads.
 _STRINGS = {FORMAT_VERSION: 10, FORMAT_VERSION_USER: 11, FORMAT_VERSION_LEASE: 12}

@@ -21,6 +21,7 @@ from typing import Any
 from hardcap_core.budgets import Level
 from hardcap_core.errors import LedgerProtocolError
 from hardcap_core.ledger.connection import guarded
+from hardcap_core.ledger.contract import UnlockArgs, encode
 from hardcap_core.ledger.keys import Keyspace
 from hardcap_core.ledger.scripts import Scripts
 
@@ -75,7 +76,8 @@ class UsageStream:
         return bool(await guarded(self.client.set(self.lease_key, owner, nx=True, px=ttl_ms)))
 
     async def release(self, owner: str) -> None:
-        await guarded(self.scripts.unlock(keys=[self.lease_key], args=[owner]))
+        keys, args = encode(UnlockArgs(lock=self.lease_key, owner=owner))
+        await guarded(self.scripts.unlock(keys=keys, args=args))
 
     async def holder(self) -> str | None:
         """Who holds the lease now (None: no one)."""

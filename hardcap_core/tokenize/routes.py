@@ -15,6 +15,10 @@ A vocabulary is loaded in a worker thread the first time a count needs it (hundr
 milliseconds of CPU, :mod:`~hardcap_core.tokenize.vocabularies`), so streams in flight on the
 same process are not held up. If it cannot be loaded (a file that is not the one tiktoken
 pins), the error is logged and the request goes on with its bound, which is always safe.
+
+The counters, the vocabularies and the count API are imported only when some route has a
+tokenizer (or asks the count API): a config of bounds, most of them, never imports them, and a
+process's cold start does not pay for them.
 """
 
 from __future__ import annotations
@@ -22,21 +26,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hardcap_core.chat import ANTHROPIC_MESSAGES, ChatRequest
 from hardcap_core.config import Config, Route
 from hardcap_core.errors import ConfigError
 from hardcap_core.ledger import AdmitResult, Queued, Refused
 from hardcap_core.logs import logger
-from hardcap_core.tokenize.count_api import CountApi, Prefix
-from hardcap_core.tokenize.counters import (
-    CalibratedCounter,
-    InputCounter,
-    counter_for,
-)
-from hardcap_core.tokenize.vocabularies import check_shipped, encoding, loaded
 from hardcap_core.wire.anthropic_count import anthropic_extra_tokens
+
+if TYPE_CHECKING:  # imported on first use, for the routes that count (see the docstring)
+    from hardcap_core.tokenize.count_api import CountApi, Prefix
+    from hardcap_core.tokenize.counters import InputCounter
 
 ANTHROPIC_KINDS = ("anthropic", "bedrock")  # upstreams that bill by Anthropic's rules
 
@@ -56,19 +57,18 @@ class InputCounts:
 
     def __init__(self, config: Config, providers: Mapping[str, Any] | None = None) -> None:
         self.chains = {name: config.chain(route) for name, route in config.routes.items()}
-        self.counters: dict[str, InputCounter] = {
-            name: counter_for(route.tokenizer) for name, route in config.routes.items()
-        }
-        # A build that left out a vocabulary some route uses fails here, at startup.
-        check_shipped({c.vocabulary for c in self.counters.values() if c.vocabulary})
+        self.counters = _counters(config)  # the routes with a tokenizer: the bound needs none
         transport = getattr((providers or {}).get("anthropic"), "client", None)
-        wanted = any(r.count_api for r in config.routes.values())
-        self.api = CountApi(transport) if wanted and transport is not None else None
+        self.api: CountApi | None = None
+        if transport is not None and any(r.count_api for r in config.routes.values()):
+            from hardcap_core.tokenize.count_api import CountApi
+
+            self.api = CountApi(transport)
 
     def counts_better(self, route: Route) -> bool:
         """Whether every target of ``route``'s chain counts better than the bound (one that
         does not keeps the chain's count at the bound: nothing to gain)."""
-        return all(self.counters[t.name].name != "bound" for t in self.chains[route.name])
+        return all(t.name in self.counters for t in self.chains[route.name])
 
     def always(self, route: Route) -> bool:
         """Whether ``route`` reserves its count on every request, not only where it matters."""
@@ -126,6 +126,8 @@ class InputCounts:
         return self.bound(route, chat) if counted is None else counted
 
     async def _target(self, target: Route, chat: ChatRequest) -> int:
+        from hardcap_core.tokenize.vocabularies import encoding, loaded  # imported by _counters
+
         counter = self.counters[target.name]
         if counter.vocabulary is not None and counter.vocabulary not in loaded():
             await asyncio.to_thread(encoding, counter.vocabulary)
@@ -156,8 +158,25 @@ class InputCounts:
     def _rest(chat: ChatRequest, prefix: Prefix) -> int:
         """The calibrated bound of the messages after a counted prefix, with what Anthropic
         bills beyond OpenAI's rules for them (their images and PDF pages)."""
+        from hardcap_core.tokenize.counters import CalibratedCounter  # imported by _counters
+
         rest = {"messages": chat.body["messages"][prefix.messages :]}
         return CalibratedCounter().count(rest) + anthropic_extra_tokens(rest)
+
+
+def _counters(config: Config) -> dict[str, InputCounter]:
+    """The counter of each route whose tokenizer is not the bound, importing the counters only
+    if there is one. A build that left out a vocabulary some route uses fails here, at
+    startup."""
+    named = {name: r.tokenizer for name, r in config.routes.items() if r.tokenizer != "bound"}
+    if not named:
+        return {}
+    from hardcap_core.tokenize.counters import counter_for
+    from hardcap_core.tokenize.vocabularies import check_shipped
+
+    counters = {name: counter_for(tokenizer) for name, tokenizer in named.items()}
+    check_shipped({c.vocabulary for c in counters.values() if c.vocabulary})
+    return counters
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ The split pattern and special tokens are tiktoken's own too: its encoding constr
 this module's loader standing in for its download.
 
 Loading costs CPU once per process (o200k_base about 320 ms, cl100k_base about 145 ms on this
-machine: ``bench/tokenizer_cost.py``), so a vocabulary is loaded the first time a count needs
+machine: ``bench/speed/tokenizer_cost.py``), so a vocabulary is loaded the first time a count needs
 it, never on import. The Lambda artifact carries only the vocabularies its config's routes use
 (:func:`prune`, run by ``infra/Makefile``).
 """

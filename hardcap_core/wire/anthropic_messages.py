@@ -136,15 +136,15 @@ class MessageEncoder:
         out += self._forward(event) if self.passthrough else self._build(event)
         return out or None
 
-    def close(self, *, cut: bool, charged: Charged) -> bytes:
+    def close(self, *, for_length: bool, charged: Charged) -> bytes:
         out = b"" if self._started else self._message_start()
         out += self._stop_block()
         for index in sorted(self._open_raw):
             out += _sse({"type": "content_block_stop", "index": index})
         self._open_raw.clear()
         delta: dict[str, Any] = dict(self._held.get("delta") or {}) if self._held else {}
-        if cut or not delta.get("stop_reason"):
-            delta["stop_reason"] = "max_tokens" if cut else self._stop_reason or "end_turn"
+        if for_length or not delta.get("stop_reason"):
+            delta["stop_reason"] = "max_tokens" if for_length else self._stop_reason or "end_turn"
             delta["stop_sequence"] = None
         base = self._held.get("usage") if self._held else None
         usage = usage_of(charged, passthrough=self.passthrough, base=base)

@@ -1,10 +1,10 @@
 """The wire-format interface: what a client speaks, parsed in and encoded back out.
 
-One implementation per client format (OpenAI chat completions today; Anthropic Messages is to
-come, its own module here). A format parses and validates a body into a
-:class:`~hardcap_core.chat.ChatRequest` (raising :class:`~hardcap_core.errors.InvalidRequest`
-naming the field), and encodes what the gateway sends back: stream events, the closing events,
-whole replies, errors, budget headers.
+One implementation per client format, each its own module here: OpenAI chat completions
+(``openai_chat.py``) and Anthropic Messages (``anthropic_messages.py``). A format parses and
+validates a body into a :class:`~hardcap_core.chat.ChatRequest` (raising
+:class:`~hardcap_core.errors.InvalidRequest` naming the field), and encodes what the gateway
+sends back: stream events, the closing events, whole replies, errors, budget headers.
 """
 
 from __future__ import annotations
@@ -64,9 +64,10 @@ class StreamEncoder(Protocol):
         """Bytes for one provider event, or None if the client gets nothing for it."""
         ...
 
-    def close(self, *, cut: bool, charged: Charged) -> bytes:
-        """The stream's last bytes: the closing event (``cut``: ended for length), the usage
-        if the client asked for it, and the end-of-stream marker."""
+    def close(self, *, for_length: bool, charged: Charged) -> bytes:
+        """The stream's last bytes: the closing event (``for_length``: the gateway cut the
+        stream, so it ends with finish reason "length"), the usage if the client asked for
+        it, and the end-of-stream marker."""
         ...
 
     def error(self, error: GatewayError) -> bytes:

@@ -131,9 +131,9 @@ class ChunkEncoder:
                 self.created = chunk["created"]
         return sse.encode(chunk)
 
-    def close(self, *, cut: bool, charged: Charged) -> bytes:
+    def close(self, *, for_length: bool, charged: Charged) -> bytes:
         out = b""
-        if cut:
+        if for_length:
             out += sse.encode(self._chunk([{"index": 0, "delta": {}, "finish_reason": "length"}]))
         if self.include_usage:
             usage = charged_usage(charged, provider_fields=self.passthrough)

@@ -22,9 +22,9 @@ import openai
 import pytest
 import redis
 
-from bench.harness import reserved_left
 from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.valkey import LocalValkey
+from tests.load.harness import reserved_left
 from tests.pdf_samples import (
     compressed_text_pdf,
     pages_pdf,

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from bench.harness import drive_tenant, reserved_left
-from bench.stack import start_mock
 from hardcap_core.local.valkey import LocalValkey
+from tests.load.harness import drive_tenant, reserved_left
+from tests.load.mock import start_mock
 from tests.stack import KEYS, Mock, config_data, gateway_processes
 
 BUDGET = 20_000

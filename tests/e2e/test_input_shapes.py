@@ -20,9 +20,9 @@ import openai
 import pytest
 import redis
 
-from bench.harness import reserved_left
 from hardcap_core.local.valkey import LocalValkey
 from tests.input_shapes import shape
+from tests.load.harness import reserved_left
 from tests.stack import KEYS, Mock, config_data, gateway_thread
 
 BUDGET = 20_000

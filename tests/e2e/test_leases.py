@@ -11,10 +11,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import redis
 
-from bench.stack import start_mock
 from hardcap_core.local.valkey import LocalValkey
+from tests.load.mock import start_mock
 from tests.stack import KEYS, Mock, config_data, gateway_thread
 
 LEASE_TOKENS = 20_000
@@ -30,15 +29,6 @@ def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mock]:
     yield m
     m.stop()
     service.stop()
-
-
-@pytest.fixture
-def base(valkey: LocalValkey, mock: Mock) -> Iterator[str]:
-    with redis.Redis.from_url(valkey.url) as r:
-        r.flushall()
-    mock.reset()
-    with gateway_thread(config_data(mock.url, valkey.url)) as url:
-        yield url
 
 
 def auth(tenant: str) -> dict[str, str]:

@@ -9,8 +9,8 @@ import time
 import openai
 import pytest
 
-from bench.harness import TenantRun, drive_tenant
 from hardcap_core.local.valkey import LocalValkey
+from tests.load.harness import TenantRun, drive_tenant
 from tests.stack import KEYS, Mock, config_data, gateway_thread
 
 UPSTREAM_BUDGET = 6_000

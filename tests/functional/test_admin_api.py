@@ -346,6 +346,19 @@ async def test_every_change_is_audited_with_the_caller(env: Env) -> None:
     assert "disabled" not in env.store.load().tenants["gamma"]
 
 
+async def test_the_audit_takes_its_query_parameters_or_names_the_bad_one(env: Env) -> None:
+    await call(env, "POST", "/tenants", GAMMA, expect=201)
+    entries = (await call(env, "GET", "/audit"))["entries"]
+    assert len(entries) >= 2
+    newest = (await call(env, "GET", "/audit", limit="1"))["entries"]
+    assert newest == entries[:1]
+    since = (await call(env, "GET", "/audit", since=str(entries[0]["at"])))["entries"]
+    assert since and all(e["at"] >= entries[0]["at"] for e in since)
+    for params, name in (({"limit": "ten"}, "limit"), ({"since": "yesterday"}, "since")):
+        error = (await call(env, "GET", "/audit", expect=400, **params))["error"]
+        assert error["param"] == name, error
+
+
 @pytest.mark.parametrize(
     "headers",
     [

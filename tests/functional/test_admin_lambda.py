@@ -8,10 +8,8 @@ is the IAM principal in the event; an event without one (a URL without IAM auth)
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -26,19 +24,13 @@ from moto import mock_aws
 from hardcap_core.control.store import ConfigStore
 from hardcap_core.local.valkey import LocalValkey
 from hardcap_core.rollup.table import create_table
+from tests.lambda_handler import ROOT, lambda_handler, load_event
 from tests.stack import config_data
 
-ROOT = Path(__file__).resolve().parents[2]
-EVENTS = ROOT / "events"
 HANDLER = ROOT / "functions" / "admin" / "app.py"
 CALLER = "arn:aws:sts::123456789012:assumed-role/HardcapOperators/alice"
 
 Invoke = Callable[[dict[str, Any]], dict[str, Any]]
-
-
-def load_event(name: str) -> dict[str, Any]:
-    event: dict[str, Any] = json.loads((EVENTS / f"{name}.json").read_text())
-    return event
 
 
 @dataclass
@@ -88,24 +80,9 @@ def loaded(
         store = ConfigStore("hardcap-config", client)
         store.create_table()
         create_table(client, "hardcap-usage")
-
-        def load() -> ModuleType:
-            spec = importlib.util.spec_from_file_location("hardcap_admin_under_test", HANDLER)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module
-
-        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lambda")
-        module = worker.submit(load).result(timeout=60)
-
-        def invoke(event: dict[str, Any]) -> dict[str, Any]:
-            reply: dict[str, Any] = worker.submit(module.handler, event, Context()).result(60)
-            return reply
-
-        yield Loaded(module, invoke, store, cache)
-        worker.submit(module.close).result(timeout=30)
-        worker.shutdown()
+        with lambda_handler(HANDLER, "hardcap_admin_under_test", Context) as handler:
+            yield Loaded(handler.module, handler.invoke, store, cache)
+            handler.run(handler.module.close)
     cache.close()
 
 

@@ -22,28 +22,10 @@ from hardcap_core.control.plan import diff
 from hardcap_core.control.state import KeyRecord, LiveState, Override
 from hardcap_core.control.store import MAX_CHANGES, Change, ConfigStore
 from hardcap_core.errors import ConfigConflict, ConfigStoreUnavailable
+from hardcap_core.local.aws import OneCallAtATime
 
 T0 = datetime(2026, 3, 14, 12, 0, tzinfo=UTC).timestamp()
 TABLE = "hardcap-config"
-
-
-class OneCallAtATime:
-    """A DynamoDB client whose calls moto runs one at a time, as DynamoDB applies each request
-    atomically: moto rolls a failed transaction back by restoring a copy of the table taken
-    before it, which erases a write another thread made meanwhile."""
-
-    def __init__(self, client: Any) -> None:
-        self._client = client
-        self._lock = threading.Lock()
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._client, name)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            with self._lock:
-                return method(*args, **kwargs)
-
-        return call
 
 
 class Clock:

@@ -8,37 +8,33 @@ loop, the one the handler's clients stay bound to between invocations, as on Lam
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import importlib.util
 import json
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import redis
-import yaml
 
 from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.valkey import LocalValkey
+from tests.lambda_handler import (
+    EVENTS,
+    ROOT,
+    LambdaHandler,
+    demo_config,
+    lambda_handler,
+    load_event,
+)
 from tests.stack import Mock
 
-ROOT = Path(__file__).resolve().parents[2]
-EVENTS = ROOT / "events"
 HANDLER = ROOT / "functions" / "gateway" / "buffered.py"
 
 Invoke = Callable[[dict[str, Any]], dict[str, Any]]
-
-
-def load_event(name: str) -> dict[str, Any]:
-    """A sample event from events/, as a fresh dict (handlers may change what they get)."""
-    event: dict[str, Any] = json.loads((EVENTS / f"{name}.json").read_text())
-    return event
 
 
 @dataclass
@@ -82,49 +78,36 @@ def mock() -> Iterator[Mock]:
 @pytest.fixture(scope="module")
 def handler_module(
     valkey: LocalValkey, mock: Mock, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[ModuleType, ThreadPoolExecutor]]:
+) -> Iterator[LambdaHandler]:
     """buffered.py imported once, in its own thread, against the demo config."""
-    config = yaml.safe_load((ROOT / "hardcap_core" / "local" / "demo.yaml").read_text())
-    config["upstreams"][0]["base_url"] = f"{mock.url}/v1"
-    path = tmp_path_factory.mktemp("lambda") / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path, _ = demo_config(tmp_path_factory.mktemp("lambda"), mock.url)
+    with gateway_handler(valkey, path, "buffered") as handler:
+        yield handler
+
+
+@contextmanager
+def gateway_handler(valkey: LocalValkey, config: Path, name: str) -> Iterator[LambdaHandler]:
+    """The gateway's buffered handler, imported as ``name``, on the config file ``config``
+    (:func:`~tests.lambda_handler.demo_config`) and the cache ``valkey`` (flushed first); its
+    clients closed after."""
     with redis.Redis.from_url(valkey.url) as r:
         r.flushall()
-
-    def load() -> ModuleType:
-        spec = importlib.util.spec_from_file_location("hardcap_buffered_under_test", HANDLER)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lambda")
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("HARDCAP_CONFIG", str(path))
-        env.setenv("HARDCAP_REDIS_URL", valkey.url)
-        env.setenv("HARDCAP_REDIS_CLUSTER", "false")
-        env.setenv("POWERTOOLS_LOG_LEVEL", "WARNING")
-        module = worker.submit(load).result(timeout=60)
-        yield module, worker
-        # Close the clients on the loop they were made on, then the loop itself.
-        loop = worker.submit(asyncio.get_event_loop).result()
-        runtime = module._asgi.app.state.runtime
-        worker.submit(loop.run_until_complete, runtime.aclose()).result(timeout=30)
-        worker.submit(loop.close).result()
-    worker.shutdown()
+        for variable, value in {
+            "HARDCAP_CONFIG": str(config),
+            "HARDCAP_REDIS_URL": valkey.url,
+            "HARDCAP_REDIS_CLUSTER": "false",
+            "POWERTOOLS_LOG_LEVEL": "WARNING",
+        }.items():
+            env.setenv(variable, value)
+        with lambda_handler(HANDLER, f"hardcap_{name}_under_test", FakeContext) as handler:
+            yield handler
+            handler.close_gateway()
 
 
 @pytest.fixture
-def invoke(handler_module: tuple[ModuleType, ThreadPoolExecutor]) -> Invoke:
-    module, worker = handler_module
-
-    def call(event: dict[str, Any]) -> dict[str, Any]:
-        response: dict[str, Any] = worker.submit(module.handler, event, FakeContext()).result(
-            timeout=60
-        )
-        return response
-
-    return call
+def invoke(handler_module: LambdaHandler) -> Invoke:
+    return handler_module.invoke
 
 
 def test_streaming_completion(invoke: Invoke) -> None:
@@ -184,11 +167,9 @@ def test_bad_key_is_an_openai_401(invoke: Invoke) -> None:
     assert "sk-this-key-is-not-configured" not in error["message"]  # never echo a key
 
 
-def test_client_cannot_choose_the_deadline(
-    handler_module: tuple[ModuleType, ThreadPoolExecutor],
-) -> None:
+def test_client_cannot_choose_the_deadline(handler_module: LambdaHandler) -> None:
     """The handler sets x-amzn-lambda-context from the context, over any client value."""
-    module, _ = handler_module
+    module = handler_module.module
     event = load_event("function-url-chat")
     event["headers"]["X-Amzn-Lambda-Context"] = json.dumps({"deadline": 9_999_999_999_999})
     before_ms = int(time.time() * 1000)

@@ -7,6 +7,7 @@ tokens arrive, the relay asks to forward them, and the budget refuses to grow.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from hardcap_core.budgets import Dimension
+from hardcap_core.config import parse_config
 from hardcap_core.events import Usage
 from hardcap_core.gateway.meter import Meter, MeterSettings
 from hardcap_core.ledger import FREE, Admitted, Ledger
@@ -22,6 +24,12 @@ from hardcap_core.outcome import Outcome
 from tests.conftest import TENANT, scope
 
 PACE_S = 0.01  # the provider: 100 tokens per second
+# The meter's settings as the gateway builds them (gateway/pipeline.py) from a config that sets
+# no `gateway:` field: what users get by default.
+SETTINGS = MeterSettings.of(parse_config({}, environ={}).gateway)
+# What a stream in step with its provider keeps in reserve at the cut: the guard, plus the
+# provider's output while it notices the close.
+GUARD = SETTINGS.guard + round(SETTINGS.guard_s / PACE_S)
 
 
 class Clock:
@@ -42,7 +50,7 @@ async def hold(client: Any, budget: int, reserve: int, clock: Clock) -> Meter:
         ledger,
         s,
         admitted.reservation,
-        MeterSettings(),
+        SETTINGS,
         input_estimate=0,
         estimator=MaxTokensEstimator(),
         route="r",
@@ -70,10 +78,10 @@ async def test_a_gateway_in_step_forwards_up_to_a_small_guard_and_charges_it(
     meter = await hold(standalone_client, budget=100, reserve=100, clock=clock)
     meter.note_read(0)  # the role chunk
     sent = await stream_in_step(meter, clock, 200)
-    assert meter.cut and meter.exhausted  # the budget held nothing more to extend with
-    # Stopped short by the guard: 4 tokens + 100 tokens/s x 50 ms to notice the close.
-    assert 100 - 4 - 6 <= sent <= 100 - 4 - 5
-    charged = meter.cut_charge()
+    assert meter.truncated and meter.exhausted  # the budget held nothing more to extend with
+    # Stopped short by the guard: its tokens, and 100 tokens/s while the provider notices.
+    assert 100 - GUARD - 1 <= sent <= 100 - GUARD
+    charged = meter.estimated_output()
     assert sent + 1 < charged <= 100  # the refused token and the ones in flight, within the hold
 
 
@@ -93,11 +101,11 @@ async def test_a_gateway_behind_its_provider_stops_earlier_by_the_backlog(
         if not await meter.make_room(1):
             break
         forwarded += 1
-    assert meter.cut
+    assert meter.truncated
     # At the cut, what the provider has generated (what we read, plus its pace since the read)
     # still fits in the reservation, and the charge covers it: in hand counts, forwarded or not.
     provider_at_cut = 40 + 30 + round((clock.now - read_at) / PACE_S)
-    assert provider_at_cut <= meter.cut_charge() <= 100
+    assert provider_at_cut <= meter.estimated_output() <= 100
     assert forwarded < 30
 
 
@@ -110,7 +118,7 @@ async def test_a_first_read_with_a_backlog_does_not_inflate_the_speed(
     clock.now += PACE_S
     meter.note_read(1)
     # 1 token in 10 ms is measured over at least 100 ms: 10 tokens/s, not 20,000.
-    assert meter.in_flight() <= 4 + 1
+    assert meter.in_flight() <= SETTINGS.guard + 1
     assert await meter.make_room(200)
     assert meter.in_hand == 1
 
@@ -125,7 +133,7 @@ async def test_received_tokens_are_charged_even_past_the_reservation(
     clock.now += 0.5
     meter.note_read(40)  # a provider that ignored the pace: 70 tokens exist, 50 were held
     assert not await meter.make_room(1)
-    assert meter.cut_charge() == 70  # what arrived, not the reservation: the ledger shows it
+    assert meter.estimated_output() == 70  # what arrived, not the reservation: the ledger shows it
     await meter.settle(Outcome.TRUNCATED)
     remaining = {b.budget.dimension: b.remaining for b in meter.final_budgets}
     assert remaining[Dimension.OUTPUT_TOKENS] == 50 - 70
@@ -147,13 +155,13 @@ async def test_a_cut_charges_what_arrived_only_up_to_max_tokens_unless_more_piec
 ) -> None:
     clock = Clock()
     meter = await hold(standalone_client, budget=50, reserve=50, clock=clock)
-    meter.asked = 50
+    meter.asked_for(50)
     meter.note_read(0)
     assert await stream_in_step(meter, clock, 30) == 30
     clock.now += 0.5
     meter.note_read(40, least=pieces)  # `pieces` pieces, counted at 40 tokens
     assert not await meter.make_room(1)
-    assert meter.cut_charge() == charged
+    assert meter.estimated_output() == charged
     await meter.settle(Outcome.TRUNCATED)
     remaining = {b.budget.dimension: b.remaining for b in meter.final_budgets}
     assert remaining[Dimension.OUTPUT_TOKENS] == 50 - charged
@@ -223,7 +231,7 @@ async def test_a_cut_after_a_hung_ledger_call_charges_what_the_provider_made_mea
             admitted = await ledger.admit(s, input_tokens=0, output_estimate=40)
             assert isinstance(admitted, Admitted)
             meter = Meter(
-                ledger, s, admitted.reservation, MeterSettings(), input_estimate=0,
+                ledger, s, admitted.reservation, SETTINGS, input_estimate=0,
                 estimator=MaxTokensEstimator(), route="r", prices=FREE, clock=time.monotonic,
             )  # fmt: skip
             meter.note_read(0)
@@ -244,12 +252,12 @@ async def test_a_cut_after_a_hung_ledger_call_charges_what_the_provider_made_mea
                         break
             finally:
                 os.kill(server.proc.pid, signal.SIGCONT)
-            assert meter.cut and meter.ledger_failed
+            assert meter.truncated and meter.ledger_failed
             # The provider went on at 100 tokens a second while the call hung: all of it is
             # charged, not just what the 40-token hold would cover.
-            assert meter.cut_charge() >= meter.seen + int(100 * hung * 0.8)
-            assert meter.cut_charge() > meter.reserved
-            charge = meter.cut_charge()  # the real clock runs on: the settle charges no less
+            assert meter.estimated_output() >= meter.seen + int(100 * hung * 0.8)
+            assert meter.estimated_output() > meter.reserved
+            charge = meter.estimated_output()  # the real clock runs on: the settle charges no less
             await meter.settle(Outcome.TRUNCATED)
             assert meter.charged_output >= charge
         finally:
@@ -261,14 +269,14 @@ async def test_a_stall_of_the_event_loop_makes_a_stream_stop_earlier(
 ) -> None:
     """The process stalled 300 ms lately (gateway/loop_lag.py): it may stall as long again
     before a close goes out, so at 100 tokens/s it stops about 30 tokens earlier than a
-    gateway in step (90-91 tokens: the first test)."""
+    gateway in step (the first test)."""
     clock = Clock()
     meter = await hold(standalone_client, budget=100, reserve=100, clock=clock)
     meter._loop_lag = lambda: 0.3
     meter.note_read(0)
     sent = await stream_in_step(meter, clock, 200)
-    assert meter.cut and 90 - 31 <= sent <= 91 - 29
-    assert meter.cut_charge() <= 100
+    assert meter.truncated and 100 - GUARD - 1 - 31 <= sent <= 100 - GUARD - 29
+    assert meter.estimated_output() <= 100
 
 
 async def test_a_provider_cut_at_the_cap_has_its_tokens_in_flight_held_and_charged(
@@ -279,7 +287,7 @@ async def test_a_provider_cut_at_the_cap_has_its_tokens_in_flight_held_and_charg
     clock = Clock()
     meter = await hold(standalone_client, budget=10_000, reserve=50, clock=clock)
     # Extends only once the hold is passed: it stays at the cap until the cut.
-    meter.settings = MeterSettings(within=0, step=1)
+    meter.settings = dataclasses.replace(SETTINGS, within=0, step=1)
     meter.cap = 50
     meter.note_read(0)
     # A fast provider: 10 tokens per 10 ms read, 1,000 tokens/s.
@@ -290,12 +298,12 @@ async def test_a_provider_cut_at_the_cap_has_its_tokens_in_flight_held_and_charg
         if not await meter.make_room(10, at_least=10):
             break
         sent += 10
-    assert meter.cut and sent == 50
+    assert meter.truncated and sent == 50
     # Past the cap: the refused read, and the guess of what is in flight (the guard, the
     # batch margin, its speed x 50 ms), all of it within the hold.
     known = 50 + 10
-    assert meter.in_flight() >= 4 + 9
-    assert meter.cut_charge() == known + meter.in_flight() <= meter.reserved
+    assert meter.in_flight() >= SETTINGS.guard + 9
+    assert meter.estimated_output() == known + meter.in_flight() <= meter.reserved
 
 
 async def test_the_stall_margin_is_the_largest_recent_read(standalone_client: Any) -> None:

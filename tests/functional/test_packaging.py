@@ -34,8 +34,7 @@ import httpx
 import openai
 import pytest
 
-from hardcap_core.ledger.allowances import ALLOWANCE_SCRIPTS
-from hardcap_core.ledger.scripts import LEDGER_SCRIPTS, STANDALONE_SCRIPTS
+from hardcap_core.ledger.scripts import PRELUDES, SCRIPTS
 from hardcap_core.local.stack import start_gateway, start_mock
 from hardcap_core.local.valkey import LocalValkey, free_port
 from tests.functional.test_infra_build import find_python313
@@ -43,7 +42,7 @@ from tests.functional.test_infra_build import find_python313
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = ("lib", *LEDGER_SCRIPTS, *STANDALONE_SCRIPTS, *ALLOWANCE_SCRIPTS)
+LUA_FILES = (*PRELUDES, *SCRIPTS)
 DEMO_KEY = "sk-alpha-demo"  # tenant alpha's key in hardcap_core/local/demo.yaml
 DEMO_MOCK = "127.0.0.1:9001"  # where demo.yaml expects the mock upstream
 # The gateway's hot path: the app, the ledger's RESP pipe, the upstream HTTP transport.
@@ -198,7 +197,7 @@ def local_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_wheel_contains_every_script(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
-        for name in SCRIPTS:
+        for name in LUA_FILES:
             packed = f"hardcap_core/lua/{name}.lua"
             assert packed in names
             assert z.read(packed) == (REPO / "hardcap_core" / "lua" / f"{name}.lua").read_bytes()

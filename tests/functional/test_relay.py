@@ -21,7 +21,7 @@ import pytest
 from hardcap_core.budgets import Dimension, Scope
 from hardcap_core.errors import GatewayError, TooManyRequests, UpstreamFailed, UpstreamTimeout
 from hardcap_core.events import Event, FinishReason, Output, OutputKind, Read, Usage
-from hardcap_core.gateway.meter import Meter, MeterSettings
+from hardcap_core.gateway.meter import HEARTBEATS_PER_TTL, Meter, MeterSettings
 from hardcap_core.gateway.relay import Relay
 from hardcap_core.ledger import FREE, Admitted, Ledger, Reservation, Settled, SettleNote
 from hardcap_core.ledger.client import COMPLETED
@@ -256,7 +256,11 @@ async def stream(
     )
     admitted = await ledger.admit(s, input_tokens=INPUT_ESTIMATE, output_estimate=reserve)
     assert isinstance(admitted, Admitted)
-    settings = MeterSettings(heartbeat_s=ttl_s / 3, ttl_s=ttl_s) if ttl_s else MeterSettings()
+    settings = (
+        MeterSettings(heartbeat_s=ttl_s / HEARTBEATS_PER_TTL, ttl_s=ttl_s)
+        if ttl_s
+        else MeterSettings()
+    )
     meter = Meter(
         ledger,
         s,
@@ -361,8 +365,12 @@ def backlog(n: int, tokens: int) -> Read:
     """The rest of a reply in one network read: ``n`` pieces the gateway counts at ``tokens``
     each, the finish reason and the provider's final report."""
     pieces = [content(f"w{i} ", tokens=tokens) for i in range(n)]
-    return [*pieces, finish(), usage(Usage(7, 18, raw={"prompt_tokens": 7,
-                                                       "completion_tokens": 18})), done()]
+    return [
+        *pieces,
+        finish(),
+        usage(Usage(7, 18, raw={"prompt_tokens": 7, "completion_tokens": 18})),
+        done(),
+    ]
 
 
 async def test_a_reply_whose_final_report_fits_the_hold_goes_out_whole(

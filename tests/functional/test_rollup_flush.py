@@ -20,6 +20,7 @@ from hardcap_core.budgets import Dimension, LevelKind
 from hardcap_core.config import Config, parse_config
 from hardcap_core.errors import DurableStoreUnavailable
 from hardcap_core.ledger import Admitted, Ledger, ReservationMeta, SettleNote
+from hardcap_core.local.aws import OneCallAtATime
 from hardcap_core.rollup import run as run_module
 from hardcap_core.rollup.durable import DurableSettles
 from hardcap_core.rollup.metrics import RollupMetrics
@@ -29,7 +30,7 @@ from hardcap_core.rollup.run import RollupReport, chunks, rollup_loop, run_rollu
 from hardcap_core.rollup.streams import UsageStream
 from hardcap_core.rollup.table import UsageTable, Write, create_table
 from tests.conftest import flush
-from tests.functional.test_rollup import PRICES, OneCallAtATime, spend, totals
+from tests.functional.test_rollup import PRICES, spend, totals
 from tests.stack import config_data
 
 TABLE = "usage"

@@ -4,29 +4,18 @@ had), and ``hardcap usage --by lease`` sums what each lease's requests spent."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from hardcap_core.config import Config, parse_config
 from hardcap_core.ledger import Admitted, Ledger, ReservationMeta
 from hardcap_core.ledger.leases import LeaseOpened, LeaseOwner, Leases
 from hardcap_core.rollup import report
 from hardcap_core.rollup.run import run_rollup
-from hardcap_core.rollup.table import UsageTable, create_table
-from tests.functional.test_rollup import PRICES, OneCallAtATime
+from hardcap_core.rollup.table import UsageTable
+from tests.functional.test_rollup import PRICES
 from tests.stack import config_data
-
-
-@pytest.fixture
-def table() -> Iterator[UsageTable]:
-    with mock_aws():
-        client = boto3.client("dynamodb", region_name="us-east-1")
-        create_table(client, "usage")
-        yield UsageTable(OneCallAtATime(client), "usage")
 
 
 @pytest.fixture
@@ -50,7 +39,7 @@ async def spend(ledger: Ledger, config: Config, lease: str, n: int) -> int:
 
 
 async def test_spend_per_lease_is_rolled_up_and_reported(
-    client: Any, config: Config, table: UsageTable
+    client: Any, config: Config, usage_table: UsageTable
 ) -> None:
     ledger = Ledger(client)
     principal = config.principal_by_id("alpha-k")
@@ -66,12 +55,12 @@ async def test_spend_per_lease_is_rolled_up_and_reported(
         ("alpha", second): await spend(ledger, config, second, 1),
         ("alpha", ""): await spend(ledger, config, "", 2),
     }
-    await run_rollup(config, client, table)
-    rows = table.usage(["alpha"], 0, 2**42)
+    await run_rollup(config, client, usage_table)
+    rows = usage_table.usage(["alpha"], 0, 2**42)
     by_lease = report.lines(rows, report.BY_LEASE)
     assert {names: sums["input_tokens"] + sums["output_tokens"] for names, sums in by_lease} == want
     assert by_lease[0][0] == ("alpha", first)  # dearest first
-    items = table.client.scan(TableName=table.name)["Items"]
+    items = usage_table.client.scan(TableName=usage_table.name)["Items"]
     days = [i["sk"]["S"] for i in items if i["sk"]["S"].startswith("d#")]
     # No lease: the key it always had; a lease: '#<user>#<lease>' with no user.
     assert sorted(len(sk.split("#")) for sk in days) == [6, 8, 8]

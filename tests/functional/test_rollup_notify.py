@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from hardcap_core.budgets import Level, LevelKind, Scope, Window
 from hardcap_core.config import Config, parse_config
 from hardcap_core.ledger import Admitted, Ledger, ReservationMeta
 from hardcap_core.rollup.notify import STALE_S, Notice, Notifications, crossings, watched
 from hardcap_core.rollup.run import run_rollup
-from hardcap_core.rollup.table import UsageTable, create_table
-from tests.functional.test_rollup import PRICES, OneCallAtATime
+from hardcap_core.rollup.table import UsageTable
+from tests.functional.test_rollup import PRICES
 from tests.stack import config_data
 
 TENANT_TOKENS = 1_000  # alpha's day: thresholds 50, 80, 100 (the default)
@@ -44,14 +42,6 @@ class Recorder:
             return [False] * len(notices)
         self.sent += notices
         return [True] * len(notices)
-
-
-@pytest.fixture
-def table() -> Iterator[UsageTable]:
-    with mock_aws():
-        client = boto3.client("dynamodb", region_name="us-east-1")
-        create_table(client, "usage")
-        yield UsageTable(OneCallAtATime(client), "usage")
 
 
 def make_config(redis_url: str, tenant_window: str = "day") -> Config:
@@ -94,7 +84,7 @@ def thresholds(sent: Sequence[Notice]) -> list[tuple[str, str, int]]:
 
 
 async def test_settles_crossing_at_once_and_racing_runs_send_each_threshold_once(
-    client: Any, config: Config, table: UsageTable
+    client: Any, config: Config, usage_table: UsageTable
 ) -> None:
     ledger = Ledger(client)
     scope = scope_of(config)
@@ -106,8 +96,8 @@ async def test_settles_crossing_at_once_and_racing_runs_send_each_threshold_once
     # of the same hierarchy on top.
     root = config.roots()[0]
     await asyncio.gather(
-        *(run_rollup(config, client, table, notifications=n) for n in runs),
-        *(n.check(ledger, table, config, root) for n in runs),
+        *(run_rollup(config, client, usage_table, notifications=n) for n in runs),
+        *(n.check(ledger, usage_table, config, root) for n in runs),
     )
     sent = [n for r in recorders for n in r.sent]
     assert thresholds(sent) == [
@@ -118,23 +108,23 @@ async def test_settles_crossing_at_once_and_racing_runs_send_each_threshold_once
     ]
     # Later passes find them again and send nothing; the table says each was sent.
     again = Recorder()
-    await run_rollup(config, client, table, notifications=Notifications(again, "later"))
+    await run_rollup(config, client, usage_table, notifications=Notifications(again, "later"))
     assert again.sent == []
-    assert sorted(table.notices(root.tag).values()) == ["sent"] * 4
+    assert sorted(usage_table.notices(root.tag).values()) == ["sent"] * 4
     # The last requests take alpha to 100 %: that one threshold alone is sent.
     await asyncio.gather(*(settle_one(ledger, scope, 100 + i, out=25) for i in range(5)))
-    await run_rollup(config, client, table, notifications=Notifications(again, "later"))
+    await run_rollup(config, client, usage_table, notifications=Notifications(again, "later"))
     assert thresholds(again.sent) == [("t:alpha", "total_tokens", 100)]
 
 
 async def test_the_event_detail_names_the_budget_and_its_window(
-    client: Any, config: Config, table: UsageTable
+    client: Any, config: Config, usage_table: UsageTable
 ) -> None:
     ledger = Ledger(client)
     for i in range(10):
         await settle_one(ledger, scope_of(config), i)
     recorder = Recorder()
-    await run_rollup(config, client, table, notifications=Notifications(recorder, "one"))
+    await run_rollup(config, client, usage_table, notifications=Notifications(recorder, "one"))
     by_budget = {(n.budget.level.tag, n.budget.dimension.value, n.threshold): n.detail()
                  for n in recorder.sent}  # fmt: skip
     tokens = by_budget[("t:alpha", "total_tokens", 50)]
@@ -153,7 +143,7 @@ async def test_the_event_detail_names_the_budget_and_its_window(
 
 
 async def test_each_level_notifies_at_its_own_thresholds(
-    client: Any, config: Config, table: UsageTable
+    client: Any, config: Config, usage_table: UsageTable
 ) -> None:
     """The org notifies never ([]), the key at 25 %, the tenant at 50/80/100, each user at its
     template's 10 and 90 %: bob's 550 tokens reach 10 % of his 800, carol's 110 10 % of hers."""
@@ -163,7 +153,7 @@ async def test_each_level_notifies_at_its_own_thresholds(
     for i in range(2):
         await settle_one(ledger, scope_of(config, "alpha~carol"), 50 + i, "alpha~carol")
     recorder = Recorder()
-    await run_rollup(config, client, table, notifications=Notifications(recorder, "one"))
+    await run_rollup(config, client, usage_table, notifications=Notifications(recorder, "one"))
     assert thresholds(recorder.sent) == [
         ("k:alpha-k", "total_tokens", 25),  # 660 of 2,000
         ("t:alpha", "cost_usd", 50),
@@ -178,13 +168,13 @@ async def test_each_level_notifies_at_its_own_thresholds(
     for i in range(4):  # 200 more: 750 of 800
         await settle_one(ledger, scope_of(config, BOB), 200 + i, BOB, out=40)
     later = Recorder()
-    await run_rollup(config, client, table, first_pass=False,
+    await run_rollup(config, client, usage_table, first_pass=False,
                      notifications=Notifications(later, "two"))  # fmt: skip
     assert ("u:alpha~bob", "total_tokens", 90) in thresholds(later.sent)
 
 
 async def test_a_new_window_rearms_every_threshold(
-    backend: tuple[str, bool], client: Any, table: UsageTable
+    backend: tuple[str, bool], client: Any, usage_table: UsageTable
 ) -> None:
     """A fixed 4 s window: 50 % in one window and in the next are two events, each naming its
     window; within one window, one."""
@@ -202,7 +192,7 @@ async def test_a_new_window_rearms_every_threshold(
         for i in range(10):  # 550 tokens: 55 % of this window's 1,000
             await settle_one(ledger, scope, round_ * 100 + i)
         for _ in range(2):
-            await run_rollup(config, client, table, notifications=notifications)
+            await run_rollup(config, client, usage_table, notifications=notifications)
     tenant_50 = [n for n in recorder.sent
                  if n.budget.level.tag == "t:alpha" and n.budget.window.spec == "f4"]  # fmt: skip
     assert [(n.threshold, n.window.id) for n in tenant_50] == [(50, w) for w in windows]
@@ -210,23 +200,23 @@ async def test_a_new_window_rearms_every_threshold(
 
 
 async def test_a_failed_send_is_sent_by_the_next_pass_once(
-    client: Any, config: Config, table: UsageTable
+    client: Any, config: Config, usage_table: UsageTable
 ) -> None:
     ledger = Ledger(client)
     for i in range(10):
         await settle_one(ledger, scope_of(config), i)
     recorder = Recorder(fail=1)
     notifications = Notifications(recorder, "one")
-    await run_rollup(config, client, table, notifications=notifications)
+    await run_rollup(config, client, usage_table, notifications=notifications)
     assert recorder.sent == []  # not delivered: the claims were given back
-    assert table.notices(config.roots()[0].tag) == {}
-    await run_rollup(config, client, table, notifications=notifications)
-    await run_rollup(config, client, table, notifications=notifications)
+    assert usage_table.notices(config.roots()[0].tag) == {}
+    await run_rollup(config, client, usage_table, notifications=notifications)
+    await run_rollup(config, client, usage_table, notifications=notifications)
     assert len(thresholds(recorder.sent)) == 3  # key 25, tenant tokens 50, tenant cost 50
 
 
 async def test_a_claim_a_dead_run_left_is_taken_over_once_stale(
-    client: Any, config: Config, table: UsageTable
+    client: Any, config: Config, usage_table: UsageTable
 ) -> None:
     ledger = Ledger(client)
     for i in range(10):
@@ -237,19 +227,20 @@ async def test_a_claim_a_dead_run_left_is_taken_over_once_stale(
     key_25 = next(n for n in crossings(usage, root, tenants) if n.threshold == 25)
     now_s = int(time.time())
     # A run claimed it and died before sending.
-    assert table.claim_notice(root.tag, key_25.sk, "dead", now_s, STALE_S, now_s + 86_400)
+    assert usage_table.claim_notice(root.tag, key_25.sk, "dead", now_s, STALE_S, now_s + 86_400)
     fresh = Recorder()
-    await run_rollup(config, client, table, notifications=Notifications(fresh, "fresh"))
+    await run_rollup(config, client, usage_table, notifications=Notifications(fresh, "fresh"))
     assert ("k:alpha-k", "total_tokens", 25) not in thresholds(fresh.sent)  # not stale yet
     # Once it is older than STALE_S, the next pass takes it over and sends it.
     old = now_s - STALE_S - 1
-    table.client.update_item(
-        TableName=table.name, Key={"pk": {"S": f"notified#{root.tag}"}, "sk": {"S": key_25.sk}},
+    usage_table.client.update_item(
+        TableName=usage_table.name,
+        Key={"pk": {"S": f"notified#{root.tag}"}, "sk": {"S": key_25.sk}},
         UpdateExpression="SET claimed_at = :t", ExpressionAttributeValues={":t": {"N": str(old)}},
     )  # fmt: skip
     later = Recorder()
-    await run_rollup(config, client, table, notifications=Notifications(later, "later"))
+    await run_rollup(config, client, usage_table, notifications=Notifications(later, "later"))
     assert thresholds(later.sent) == [("k:alpha-k", "total_tokens", 25)]
-    assert table.notices(root.tag)[key_25.sk] == "sent"
+    assert usage_table.notices(root.tag)[key_25.sk] == "sent"
     # The dead run's owner cannot mark it any more.
-    assert not table.notice_sent(root.tag, key_25.sk, "dead")
+    assert not usage_table.notice_sent(root.tag, key_25.sk, "dead")

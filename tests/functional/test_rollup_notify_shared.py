@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from hardcap_core.budgets import Window
 from hardcap_core.config import Config, parse_config
 from hardcap_core.ledger import Admitted, Ledger, ReservationMeta
 from hardcap_core.rollup.notify import Notice, Notifications
 from hardcap_core.rollup.run import run_rollup
-from hardcap_core.rollup.table import UsageTable, create_table
-from tests.functional.test_rollup import PRICES, OneCallAtATime
+from hardcap_core.rollup.table import UsageTable
+from tests.functional.test_rollup import PRICES
 from tests.stack import config_data
 
 UPSTREAM_TOKENS = 1_000  # the upstream `mock`'s tokens per window, over every tenant
@@ -38,14 +36,6 @@ class Recorder:
         await asyncio.sleep(0)  # another run's check may go on meanwhile
         self.sent += notices
         return [True] * len(notices)
-
-
-@pytest.fixture
-def table() -> Iterator[UsageTable]:
-    with mock_aws():
-        client = boto3.client("dynamodb", region_name="us-east-1")
-        create_table(client, "usage")
-        yield UsageTable(OneCallAtATime(client), "usage")
 
 
 def make_config(
@@ -92,7 +82,7 @@ def sent(recorder: Recorder) -> list[tuple[str, str, int, int | float]]:
 
 
 async def test_two_hierarchies_cross_the_upstream_threshold_together_once(
-    backend: tuple[str, bool], client: Any, config: Config, table: UsageTable
+    backend: tuple[str, bool], client: Any, config: Config, usage_table: UsageTable
 ) -> None:
     """alpha's 440 tokens (44 %) alone reach nothing; open's 385 (38.5 %) take the sum to 82.5 %
     of the upstream's 1,000: one event at 80 % with the summed figure, sent by the pass that
@@ -104,10 +94,10 @@ async def test_two_hierarchies_cross_the_upstream_threshold_together_once(
     await spend(ledger, config, "alpha-k", 8)  # 8 x 55 tokens
     recorder = Recorder()
     notifications = Notifications(recorder, "timer")  # one runner, kept across passes
-    await run_rollup(config, client, table, notifications=notifications)
+    await run_rollup(config, client, usage_table, notifications=notifications)
     assert recorder.sent == []  # 44 % of the upstream
     await spend(ledger, config, "open-k", 7)
-    await run_rollup(config, client, table, first_pass=False, notifications=notifications)
+    await run_rollup(config, client, usage_table, first_pass=False, notifications=notifications)
     assert sent(recorder) == [("upstream", "mock", 80, 825)]
     detail = recorder.sent[0].detail()
     day = time.strftime("%Y%m%d", time.gmtime())
@@ -116,19 +106,19 @@ async def test_two_hierarchies_cross_the_upstream_threshold_together_once(
         None, "total_tokens", "d", day
     )  # fmt: skip
     assert (detail["limit"], detail["percent"]) == (UPSTREAM_TOKENS, 82.5)
-    assert table.notices("upstream:mock") == {f"up:mock:tot:d#{day}#80": "sent"}
+    assert usage_table.notices("upstream:mock") == {f"up:mock:tot:d#{day}#80": "sent"}
     # Four runs racing, each reading every hierarchy afresh, and later passes: nothing more.
     others = [Recorder() for _ in range(4)]
     await asyncio.gather(
-        *(run_rollup(config, client, table, notifications=Notifications(r, f"run-{i}"))
+        *(run_rollup(config, client, usage_table, notifications=Notifications(r, f"run-{i}"))
           for i, r in enumerate(others))
     )  # fmt: skip
-    await run_rollup(config, client, table, notifications=notifications)
+    await run_rollup(config, client, usage_table, notifications=notifications)
     assert [n for r in others for n in r.sent] == [] and len(recorder.sent) == 1
 
 
 async def test_a_route_budget_notifies_under_its_own_name_in_dollars(
-    backend: tuple[str, bool], client: Any, table: UsageTable
+    backend: tuple[str, bool], client: Any, usage_table: UsageTable
 ) -> None:
     """Route `small`'s $0.002 a month at 50 %: 6 + 4 requests of $0.0001 from two
     hierarchies, $0.001 (the upstream's 550 tokens are 55 %, under its 80 %); four runs racing
@@ -139,7 +129,7 @@ async def test_a_route_budget_notifies_under_its_own_name_in_dollars(
     await spend(ledger, config, "open-k", 4)
     recorders = [Recorder() for _ in range(4)]
     await asyncio.gather(
-        *(run_rollup(config, client, table, notifications=Notifications(r, f"run-{i}"))
+        *(run_rollup(config, client, usage_table, notifications=Notifications(r, f"run-{i}"))
           for i, r in enumerate(recorders))
     )  # fmt: skip
     everything = Recorder()
@@ -148,11 +138,11 @@ async def test_a_route_budget_notifies_under_its_own_name_in_dollars(
     detail = everything.sent[0].detail()
     assert (detail["dimension"], detail["limit"], detail["window"]) == ("cost_usd", ROUTE_USD, "m")
     month = time.strftime("%Y%m", time.gmtime())
-    assert table.notices("route:small") == {f"rt:small:usd:m#{month}#50": "sent"}
+    assert usage_table.notices("route:small") == {f"rt:small:usd:m#{month}#50": "sent"}
 
 
 async def test_a_new_window_rearms_the_upstream_thresholds(
-    backend: tuple[str, bool], client: Any, table: UsageTable
+    backend: tuple[str, bool], client: Any, usage_table: UsageTable
 ) -> None:
     """A fixed 4 s window: both hierarchies take the upstream past 80 % in one window and again
     in the next: two events, each naming its window; within one window, one."""
@@ -169,14 +159,14 @@ async def test_a_new_window_rearms_the_upstream_thresholds(
         await spend(ledger, config, "alpha-k", 8)
         await spend(ledger, config, "open-k", 7)
         for _ in range(2):
-            await run_rollup(config, client, table, notifications=notifications)
+            await run_rollup(config, client, usage_table, notifications=notifications)
     upstream = [n for n in recorder.sent if n.detail()["level"] == "upstream"]
     assert [(n.threshold, n.window.id, n.used) for n in upstream] == [(80, w, 825) for w in windows]
     assert windows[0] != windows[1]
 
 
 async def test_no_thresholds_and_rate_limits_send_nothing(
-    backend: tuple[str, bool], client: Any, table: UsageTable
+    backend: tuple[str, bool], client: Any, usage_table: UsageTable
 ) -> None:
     """``notify_at: []``: the upstream's budget spent to 99 % and its 9 requests a minute
     all used: no event (the default thresholds would have sent 50 and 80 %)."""
@@ -185,6 +175,6 @@ async def test_no_thresholds_and_rate_limits_send_nothing(
     await spend(ledger, config, "alpha-k", 5, out=100)
     await spend(ledger, config, "open-k", 4, out=100)  # 990 tokens, 9 requests
     recorder = Recorder()
-    await run_rollup(config, client, table, notifications=Notifications(recorder, "one"))
+    await run_rollup(config, client, usage_table, notifications=Notifications(recorder, "one"))
     assert recorder.sent == []
-    assert table.notices("upstream:mock") == {}
+    assert usage_table.notices("upstream:mock") == {}

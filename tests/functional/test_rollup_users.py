@@ -20,14 +20,11 @@ import importlib.util
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from hardcap_core.budgets import Dimension, Level, LevelKind, Scope
 from hardcap_core.config import Config, parse_config
@@ -37,9 +34,9 @@ from hardcap_core.rollup.durable import DurableSettles, replay_pending
 from hardcap_core.rollup.records import parse_entry
 from hardcap_core.rollup.restore import durable_ledger
 from hardcap_core.rollup.run import run_rollup
-from hardcap_core.rollup.table import UsageTable, create_table
+from hardcap_core.rollup.table import UsageTable
 from tests.conftest import flush
-from tests.functional.test_rollup import PRICES, OneCallAtATime
+from tests.functional.test_rollup import PRICES
 from tests.stack import config_data
 
 # The last commit that changed the record parser before format 3: the previous release's.
@@ -47,14 +44,6 @@ PREVIOUS_RELEASE = "1c41cd5007fd66b01a5d3d03670cc828a622ee0b"
 REPO = Path(__file__).resolve().parents[2]
 USER_TOKENS = 5_000  # a day, per user of alpha
 USER_USD = 0.5  # a month, per user of alpha: a window no configured budget has
-
-
-@pytest.fixture
-def table() -> Iterator[UsageTable]:
-    with mock_aws():
-        client = boto3.client("dynamodb", region_name="us-east-1")
-        create_table(client, "usage")
-        yield UsageTable(OneCallAtATime(client), "usage")
 
 
 @pytest.fixture
@@ -145,7 +134,7 @@ async def test_a_record_names_the_user_only_when_the_request_has_one(
 async def test_the_previous_release_stops_on_format_3_and_loses_nothing(
     client: Any,
     config: Config,
-    table: UsageTable,
+    usage_table: UsageTable,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -166,44 +155,44 @@ async def test_the_previous_release_stops_on_format_3_and_loses_nothing(
     with monkeypatch.context() as m:
         m.setattr(run_module, "parse_entry", old.parse_entry)
         with pytest.raises(ValueError, match="has format '3'"):
-            await run_rollup(config, client, table)
-    assert table.usage(None, 0, 2**42) == []
+            await run_rollup(config, client, usage_table)
+    assert usage_table.usage(None, 0, 2**42) == []
     # This release's rollup then applies every record: nothing was lost meanwhile.
-    report = await run_rollup(config, client, table)
+    report = await run_rollup(config, client, usage_table)
     assert report.applied == 6 and report.stalled == []
-    rows = table.usage(None, 0, 2**42)
+    rows = usage_table.usage(None, 0, 2**42)
     by_user = {(r.tenant, r.user): r.input_tokens + r.output_tokens for r in rows}
     assert by_user == {("alpha", ""): plain, ("alpha", "alpha~bob"): bob, ("open", ""): other}
 
 
 async def test_usage_items_gain_the_user_and_items_without_one_keep_their_shape(
-    client: Any, config: Config, table: UsageTable
+    client: Any, config: Config, usage_table: UsageTable
 ) -> None:
     ledger = Ledger(client)
     await spend(ledger, config, "alpha-k", "alpha~bob", 2)
     await spend(ledger, config, "alpha-k", "", 1)
-    await run_rollup(config, client, table)
-    items = table.client.scan(TableName=table.name)["Items"]
+    await run_rollup(config, client, usage_table)
+    items = usage_table.client.scan(TableName=usage_table.name)["Items"]
     days = [i for i in items if i["pk"]["S"] == "usage#alpha" and i["sk"]["S"].startswith("d#")]
     by_parts = {len(i["sk"]["S"].split("#")): i for i in days}
     assert sorted(by_parts) == [6, 7]  # g, bucket, key, route, model, provider (, user)
     assert by_parts[7]["sk"]["S"].endswith("#mock#alpha~bob")
     assert by_parts[7]["user"]["S"] == "alpha~bob"
     assert "user" not in by_parts[6]  # as the release before wrote it, and still read
-    rows = {r.user: r for r in table.usage(["alpha"], 0, 2**42)}
+    rows = {r.user: r for r in usage_table.usage(["alpha"], 0, 2**42)}
     assert sorted(rows) == ["", "alpha~bob"]
     assert (rows["alpha~bob"].requests, rows[""].requests) == (2, 1)
 
 
 async def test_a_users_budget_comes_back_after_the_cache_is_flushed(
-    client: Any, config: Config, table: UsageTable
+    client: Any, config: Config, usage_table: UsageTable
 ) -> None:
-    ledger = durable_ledger(client, config, table)
+    ledger = durable_ledger(client, config, usage_table)
     bob = await spend(ledger, config, "alpha-k", "alpha~bob", 4, out=1_000)
     await spend(ledger, config, "alpha-k", "alpha~carol", 1)
-    await run_rollup(config, client, table)
+    await run_rollup(config, client, usage_table)
     await flush(client)  # the operator's FLUSHALL: every counter gone, users were never configured
-    fresh = durable_ledger(client, config, table)
+    fresh = durable_ledger(client, config, usage_table)
     scope = user_scope(config, "alpha-k", "alpha~bob")
     level = Level(LevelKind.USER, "alpha~bob")
     usage = await fresh.usage(scope)
@@ -221,13 +210,13 @@ async def test_a_users_budget_comes_back_after_the_cache_is_flushed(
 
 
 async def test_a_user_only_in_the_stream_is_restored_from_its_records(
-    client: Any, config: Config, table: UsageTable
+    client: Any, config: Config, usage_table: UsageTable
 ) -> None:
     """The counters alone are lost (the stream survived): a user the durable ledger has never
     seen is found in the records after the cursor, with both of its windows."""
-    ledger = durable_ledger(client, config, table)
+    ledger = durable_ledger(client, config, usage_table)
     rolled = await spend(ledger, config, "alpha-k", "alpha~bob", 2)
-    await run_rollup(config, client, table)
+    await run_rollup(config, client, usage_table)
     later = await spend(ledger, config, "alpha-k", "alpha~bob", 1)
     dave = await spend(ledger, config, "alpha-k", "alpha~dave", 2)  # never rolled up
     scope = user_scope(config, "alpha-k", "alpha~dave")
@@ -236,7 +225,7 @@ async def test_a_user_only_in_the_stream_is_restored_from_its_records(
         bounds = window.bounds(now_ms)
         await client.delete(ledger.keys.used(scope, bounds.spec, bounds.id))
     await client.delete(ledger.keys.ledger(scope)[8])  # the restored marker
-    fresh = durable_ledger(client, config, table)
+    fresh = durable_ledger(client, config, usage_table)
     usage = await fresh.usage(scope)
     dave_level = Level(LevelKind.USER, "alpha~dave")
     assert used(usage, dave_level, Dimension.TOTAL_TOKENS) == dave
@@ -249,7 +238,7 @@ async def test_a_user_only_in_the_stream_is_restored_from_its_records(
 
 
 async def test_a_kept_settle_charges_its_user_when_replayed(
-    client: Any, config: Config, table: UsageTable
+    client: Any, config: Config, usage_table: UsageTable
 ) -> None:
     ledger = Ledger(client)
     scope = user_scope(config, "alpha-k", "alpha~bob")
@@ -258,13 +247,13 @@ async def test_a_kept_settle_charges_its_user_when_replayed(
                                   meta=meta)  # fmt: skip
     assert isinstance(admitted, Admitted)
     # The cache did not take the settle: it is kept in DynamoDB.
-    assert await DurableSettles(table).keep(admitted.reservation, 10, 70, SettleNote())
+    assert await DurableSettles(usage_table).keep(admitted.reservation, 10, 70, SettleNote())
     root = scope.root
-    ((_, payload),) = table.pending(root.tag)
+    ((_, payload),) = usage_table.pending(root.tag)
     # The user beside the meta, not in it: the previous release builds its ReservationMeta
     # from "meta" and would fail on a field it does not know.
     assert payload["user"] == "alpha~bob" and "user" not in payload["meta"]
-    assert await replay_pending(ledger, table, config, root) == 1
+    assert await replay_pending(ledger, usage_table, config, root) == 1
     usage = await ledger.usage(scope)
     assert used(usage, Level(LevelKind.USER, "alpha~bob"), Dimension.TOTAL_TOKENS) == 80
     settle = (await raw_records(client, ledger, config))[-1]

@@ -11,8 +11,8 @@ import pytest
 
 from hardcap_core.budgets import Dimension, Level, LevelKind, Scope, Window
 from hardcap_core.ledger import Admitted, Extended, Ledger, Refusal, Refused
-from hardcap_core.ledger.allowances import ALLOWANCE_SCRIPTS, SharedLimits, shared_budgets
-from hardcap_core.ledger.scripts import lua_dir
+from hardcap_core.ledger.allowances import SharedLimits, shared_budgets
+from hardcap_core.ledger.scripts import ALLOWANCE_SCRIPTS, lua_dir
 from tests.conftest import make_client
 
 TENANTS = [f"tenant{i}" for i in range(8)]  # spread over the cluster's three nodes

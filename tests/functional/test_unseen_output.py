@@ -70,9 +70,11 @@ async def relay(
     assert isinstance(admitted, Admitted)
     meter = Meter(
         ledger, s, admitted.reservation, MeterSettings(), input_estimate=20,
-        estimator=MaxTokensEstimator(), route="claude", prices=FREE, clock=FixedClock(),
+        estimator=MaxTokensEstimator(), route="claude", prices=FREE, unseen=unseen,
+        clock=FixedClock(),
     )  # fmt: skip
-    meter.unseen, meter.asked = unseen, asked
+    if asked is not None:
+        meter.asked_for(asked)
     encoder = OpenAIChat().encoder(REQUEST, model="claude", same_dialect=True)
     return Relay(Listened(script.stream(), meter.pace), meter, encoder)
 
@@ -100,7 +102,7 @@ async def test_the_thinking_budget_counts_as_generated_from_the_start(
 ) -> None:
     r = await relay(standalone_client, Script([]), Unseen(tokens=BUDGET_TOKENS), hold=HOLD)
     assert r.meter.generated() >= BUDGET_TOKENS
-    assert r.meter.cut_charge() == BUDGET_TOKENS + 4  # and the guard: nothing read yet
+    assert r.meter.estimated_output() == BUDGET_TOKENS + 4  # and the guard: nothing read yet
 
 
 @pytest.mark.parametrize(

@@ -70,7 +70,7 @@ def openai_call(index: int, call_id: str | None, name: str = "", args: str = "")
 
 def run(encoder: MessageEncoder, evs: list[Event], *, cut: bool, charged: Charged) -> list[Any]:
     data = b"".join(encoder.event(e) or b"" for e in evs)
-    return sse(data + encoder.close(cut=cut, charged=charged))
+    return sse(data + encoder.close(for_length=cut, charged=charged))
 
 
 def built(**kwargs: Any) -> MessageEncoder:
@@ -141,7 +141,7 @@ def test_a_cut_closes_the_open_block_and_says_max_tokens_with_the_charge() -> No
 
 
 def test_a_stream_that_ends_before_any_event_still_opens_and_closes_the_message() -> None:
-    out = sse(built().close(cut=True, charged=Charged(5, 0, None)))
+    out = sse(built().close(for_length=True, charged=Charged(5, 0, None)))
     assert [e["type"] for e in out] == ["message_start", "message_delta", "message_stop"]
 
 

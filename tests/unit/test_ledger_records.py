@@ -1,14 +1,25 @@
 """The usage record's formats as the rollup reads them: format 2 (one packed field, what
 lua/lib.lua writes for a request without a user), format 3 (format 2 with the user as an 11th
-string) and format 1 (a field per value, still in streams from before an upgrade)."""
+string), format 4 (under a lease) and format 1 (a field per value, still in streams from before
+an upgrade); the numbers the scripts write (lua/consts.lua) are the ones parsed."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
-from hardcap_core.rollup.records import RecordKind, parse_entry
+from hardcap_core.ledger.scripts import lua_dir
+from hardcap_core.rollup.records import (
+    FORMAT_VERSION,
+    FORMAT_VERSION_1,
+    FORMAT_VERSION_LEASE,
+    FORMAT_VERSION_USER,
+    FORMATS,
+    RecordKind,
+    parse_entry,
+)
 from hardcap_core.rollup.table import Totals
 
 STRINGS = '["s","r1","alpha","acme","key-1","chat","gpt-4o-mini","openai","req\\"1","completed"]'
@@ -90,3 +101,23 @@ def test_a_refusal_reason_this_version_does_not_know_is_counted_not_fatal() -> N
     totals = Totals()
     totals.add(r)
     assert (totals.refused_other, totals.refused, totals.requests) == (1, 1, 0)
+
+
+def lua_constants() -> dict[str, int]:
+    """The integer literals named in lua/consts.lua (``local NAME = 123``)."""
+    text = (lua_dir() / "consts.lua").read_text(encoding="utf-8")
+    return {m[1]: int(m[2]) for m in re.finditer(r"^local (\w+) = (\d+)\s*(?:--.*)?$", text, re.M)}
+
+
+def test_the_scripts_write_the_formats_this_parser_names() -> None:
+    """The one cross-language half of the format: lua/consts.lua's numbers are the ones read
+    here, and every format written (2-4) parses."""
+    c = lua_constants()
+    written = (c["USAGE_FORMAT"], c["USAGE_FORMAT_USER"], c["USAGE_FORMAT_LEASE"])
+    assert tuple(str(v) for v in written) == (
+        FORMAT_VERSION, FORMAT_VERSION_USER, FORMAT_VERSION_LEASE,
+    )  # fmt: skip
+    assert set(FORMATS) == {FORMAT_VERSION_1, *(str(v) for v in written)}
+    lease = STRINGS[:-1] + ',"","lease-1"]'
+    r = parse_entry("1-0", {"r": f"{c['USAGE_FORMAT_LEASE']},0,1,5,6,0,0,40,3,{lease}"})
+    assert (r.user, r.lease, r.input_tokens, r.output_tokens) == ("", "lease-1", 5, 6)

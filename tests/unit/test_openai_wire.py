@@ -105,7 +105,7 @@ def test_usage_on_a_chunk_with_choices_goes_out_only_once_settled(include_usage:
     sent = one(encoder.event(Event(raw=chunk(usage=USAGE))))
     assert "usage" not in sent
     assert sent["choices"][0]["delta"] == {"content": "Hi"}
-    closing = events(encoder.close(cut=False, charged=Charged(9, 3, Usage(9, 3, raw=USAGE))))
+    closing = events(encoder.close(for_length=False, charged=Charged(9, 3, Usage(9, 3, raw=USAGE))))
     assert [without_extension(e["usage"]) for e in closing[:-1]] == [USAGE] * include_usage
 
 
@@ -115,14 +115,14 @@ def test_the_closing_chunk_has_the_providers_id_and_created() -> None:
     encoder.event(Event(raw=chunk(choices=[], usage=USAGE, id="chatcmpl-other", created=1)))
     for _ in range(3):
         encoder.event(Event(raw=chunk(id="chatcmpl-abc", created=222)))
-    closing = events(encoder.close(cut=True, charged=NOTHING))[0]
+    closing = events(encoder.close(for_length=True, charged=NOTHING))[0]
     assert (closing["id"], closing["created"], closing["model"]) == ("chatcmpl-abc", 222, PUBLIC)
 
 
 def test_ids_that_are_not_the_right_type_are_not_remembered() -> None:
     encoder = passthrough()
     encoder.event(Event(raw=chunk(id=7, created="later")))
-    closing = events(encoder.close(cut=True, charged=NOTHING))[0]
+    closing = events(encoder.close(for_length=True, charged=NOTHING))[0]
     assert isinstance(closing["id"], str) and isinstance(closing["created"], int)
     valid_chunk(closing)
 
@@ -134,7 +134,7 @@ def test_ids_that_are_not_the_right_type_are_not_remembered() -> None:
 @pytest.mark.parametrize("cut", [False, True])
 def test_close_sends_length_then_usage_then_done(cut: bool, include_usage: bool) -> None:
     for encoder in (passthrough(include_usage=include_usage), built(include_usage=include_usage)):
-        sent = events(encoder.close(cut=cut, charged=Charged(7, 5, None)))
+        sent = events(encoder.close(for_length=cut, charged=Charged(7, 5, None)))
         assert sent[-1] == DONE
         shapes = [
             "length" if e["choices"] else "usage"
@@ -156,7 +156,7 @@ def test_close_sends_length_then_usage_then_done(cut: bool, include_usage: bool)
 
 
 def close_usage(charged: Charged) -> dict[str, Any]:
-    sent = events(passthrough(include_usage=True).close(cut=False, charged=charged))
+    sent = events(passthrough(include_usage=True).close(for_length=False, charged=charged))
     assert sent[-1] == DONE
     valid_chunk(sent[-2])
     usage: dict[str, Any] = sent[-2]["usage"]
@@ -172,7 +172,7 @@ def without_extension(usage: dict[str, Any]) -> dict[str, Any]:
 def test_the_usage_chunk_carries_the_cost_the_ledger_charged() -> None:
     charged = Charged(40, 17, None, cost_nusd=123_456, estimate=True)
     for encoder in (passthrough(include_usage=True), built(include_usage=True)):
-        usage = events(encoder.close(cut=True, charged=charged))[-2]["usage"]
+        usage = events(encoder.close(for_length=True, charged=charged))[-2]["usage"]
         assert usage["hardcap"] == {
             "cost_usd": 0.000123456, "input_tokens": 40, "output_tokens": 17, "estimate": True
         }  # fmt: skip
@@ -332,7 +332,7 @@ def test_an_event_with_nothing_for_the_client_builds_no_chunk(include_usage: boo
 def test_built_chunks_share_one_id_with_the_closing_chunk() -> None:
     encoder = built()
     first = one(encoder.event(Event(output=[out(OutputKind.CONTENT, "a")], tokens=1)))
-    closing = events(encoder.close(cut=True, charged=NOTHING))[0]
+    closing = events(encoder.close(for_length=True, charged=NOTHING))[0]
     assert closing["id"] == first["id"] and closing["created"] == first["created"]
 
 
@@ -353,7 +353,7 @@ def test_the_encoder_follows_the_request_and_the_dialect(same: bool, include_usa
     sent = one(encoder.event(Event(raw=raw, output=[out(OutputKind.CONTENT, "yo")], tokens=1)))
     # Passthrough forwards the provider's chunk; otherwise it is built from the output.
     assert sent["choices"][0]["delta"] == ({"content": "Hi"} if same else {"content": "yo"})
-    closing = events(encoder.close(cut=False, charged=Charged(1, 2, None)))
+    closing = events(encoder.close(for_length=False, charged=Charged(1, 2, None)))
     assert len(closing) == 1 + include_usage
 
 

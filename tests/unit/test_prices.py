@@ -244,12 +244,12 @@ def test_the_settled_charge_keeps_the_split_and_the_tier_reported() -> None:
     report = Usage(300, 5, cached_input_tokens=100, cache_write_input_tokens=150,
                    cache_write_1h_input_tokens=50, service_tier="priority")  # fmt: skip
     charge = settle_charge(Outcome.COMPLETED, report, final=report, input_estimate=900,
-                           received=5, cut_output=lambda: 5)  # fmt: skip
+                           received=5, ended_output=lambda: 5)  # fmt: skip
     assert charge == Charge(300, 5, 100, 150, 50, "priority")
     prices = TIERED.with_terms(Terms(tier="priority"))
     assert charge.cost(prices) == prices.cost(300, 5, 100, 150, 50, "priority")
     cut = settle_charge(Outcome.TRUNCATED, None, final=None, input_estimate=900,
-                        received=5, cut_output=lambda: 8)  # fmt: skip
+                        received=5, ended_output=lambda: 8)  # fmt: skip
     assert cut == Charge(900, 8, 0, 900)  # all written: for an hour, if the request marked it
     assert cut.cost(SONNET.with_terms(HOUR)) == 900 * 6_000 + 8 * 15_000
 

@@ -1,0 +1,105 @@
+"""What a cold start imports: the app's import leaves out what most requests never touch.
+
+Every module imported with the app is paid by every cold start, on the first request of each
+new Lambda environment. The quote and lease endpoints, the live config (a config table) and the
+tokenizers (a route with ``tokenizer:``) are imported on first use instead (gateway/app.py,
+tokenize/routes.py), and all at once before a SnapStart snapshot, whose init time is free.
+Each probe runs in a fresh interpreter: this process has imported everything already.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFERRED = (
+    "hardcap_core.control",  # the live config and the admin side: control.*
+    "hardcap_core.gateway.quote",
+    "hardcap_core.gateway.leases",
+    "hardcap_core.ledger.leases",
+    "hardcap_core.tokenize.counters",
+    "hardcap_core.tokenize.count_api",
+    "hardcap_core.tokenize.vocabularies",
+)
+CONFIG = {
+    "gateway": {"redis_url": "redis://127.0.0.1:1"},
+    "upstreams": [{"name": "u", "base_url": "http://127.0.0.1:1/v1"}],
+    "routes": [{"name": "r", "upstream": "u", "model": "llama-3.3-70b"}],  # the bound only
+}
+
+
+def deferred_in(modules: list[str]) -> list[str]:
+    """The deferred modules among ``modules`` (a package counts with its submodules)."""
+    return sorted(m for m in modules if any(m == d or m.startswith(f"{d}.") for d in DEFERRED))
+
+
+def probe(code: str, **environ: str) -> Any:
+    """Run ``code`` in a new interpreter; the JSON of its last line of output."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HARDCAP_CONFIG_TABLE",)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**env, "PYTHONPATH": str(ROOT), "POWERTOOLS_LOG_LEVEL": "WARNING", **environ},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_importing_the_app_imports_none_of_the_deferred_modules() -> None:
+    modules = probe(
+        "import hardcap_core.gateway.app, json, sys; print(json.dumps(sorted(sys.modules)))"
+    )
+    assert "hardcap_core.gateway.app" in modules
+    assert deferred_in(modules) == []
+
+
+def test_the_app_lambda_builds_without_a_config_table_imports_none_of_them(
+    tmp_path: Path,
+) -> None:
+    """``app_from_env`` (what uvicorn and Mangum call on Lambda) with no config table named,
+    and the gateway's counts for a config whose routes have no tokenizer."""
+    path = tmp_path / "hardcap.yaml"
+    path.write_text(json.dumps(CONFIG))  # JSON is YAML
+    modules = probe(
+        "import json, sys\n"
+        "from hardcap_core.gateway.app import app_from_env\n"
+        "from hardcap_core.config import load_config\n"
+        "from hardcap_core.tokenize.routes import InputCounts\n"
+        f"app_from_env(); InputCounts(load_config({str(path)!r}))\n"
+        "print(json.dumps(sorted(sys.modules)))",
+        HARDCAP_CONFIG=str(path),
+    )
+    assert deferred_in(modules) == []
+
+
+def test_a_route_with_a_tokenizer_imports_the_counters_when_the_gateway_is_built() -> None:
+    """A tokenizer route still finds a missing vocabulary at startup (tests/unit/
+    test_tokenizers.py), so its counters are imported when its counts are built."""
+    data = {**CONFIG, "routes": [{"name": "r", "upstream": "u", "model": "gpt-4o"}]}
+    modules = probe(
+        "import json, sys\n"
+        "from hardcap_core.config import parse_config\n"
+        "from hardcap_core.tokenize.routes import InputCounts\n"
+        f"InputCounts(parse_config({data!r}))\n"
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    assert {"hardcap_core.tokenize.counters", "hardcap_core.tokenize.vocabularies"} <= set(modules)
+    assert "tiktoken" not in modules  # its vocabulary is still loaded on the first count
+
+
+def test_a_snapstart_snapshot_holds_every_deferred_module() -> None:
+    """The adapter's before-checkpoint hook (Runtime.before_snapshot) imports them, so no
+    environment restored from the snapshot imports one on a request."""
+    modules = probe(
+        "import asyncio, json, sys\n"
+        "from hardcap_core.config import parse_config\n"
+        "from hardcap_core.gateway.app import LAZY_MODULES, Runtime\n"
+        f"asyncio.run(Runtime(parse_config({CONFIG!r})).before_snapshot())\n"
+        "print(json.dumps({'modules': sorted(sys.modules), 'lazy': LAZY_MODULES}))"
+    )
+    assert set(modules["lazy"]) <= set(modules["modules"])
+    assert {"hardcap_core.gateway.quote", "hardcap_core.gateway.leases"} <= set(modules["lazy"])
