@@ -392,7 +392,9 @@ def build(
     if head and overhead:
         blocks["overhead"] = stamp(overhead_tables(head, _rel(overhead)), overhead)
     if shoot or head:
-        blocks["goals"] = goals_table(shoot, head)
+        sources = [path for path, data in ((overshoot, shoot), (overhead, head)) if path and data]
+        stamps = "  \n".join(measured(path) for path in sources)
+        blocks["goals"] = goals_table(shoot, head) + "\n\n" + stamps
     if headline:
         sources = {"overshoot.json": overshoot, "wrk-overhead.json": wrk}
         sources |= {"lambda-share.json": lambda_share, "failover.json": failover}

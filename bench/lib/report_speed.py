@@ -49,7 +49,7 @@ def wrk_tables(data: dict[str, Any], source: str) -> str:
     rows += [
         "",
         f"From {source} (`{data['command']}`, {p['rounds']} rounds of {p['block_seconds']:g} s "
-        f"blocks, medians; gateway at commit `{str(data['gateway_tree'].get('commit'))[:10]}`), "
+        f"blocks, medians; gateway at commit `{str(_gateway_commit(data))[:10]}`), "
         f"{m.get('cpu_model', '?')}, {m.get('cpu_count', '?')} cores shared by wrk, the mock, "
         "Valkey and the target: CPU µs per request (the target process's own CPU time over the "
         "requests it served) is the figure that travels; req/s is bounded by the machine. An "
@@ -128,3 +128,9 @@ def levers_table(data: dict[str, Any], source: str) -> str:
     rows += ["", f"CPU time per operation, best of three runs, from {source} (`{data['command']}`, "
                  f"{m.get('cpu_model', '?')}, {m.get('cpu_count', '?')} cores)."]  # fmt: skip
     return "\n".join(rows)
+
+
+def _gateway_commit(data: dict[str, Any]) -> str | None:
+    """The commit the gateway ran: its own tree's when the run was given one, else the run's."""
+    tree = data.get("gateway_tree") or {}
+    return tree.get("commit") or (data.get("machine") or {}).get("git_commit")

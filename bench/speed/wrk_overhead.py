@@ -76,6 +76,7 @@ from tests.load.harness import chat_body
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 TENANT = "bench"
+PY_SPY = Path(sys.executable).parent / "py-spy"  # installed beside this interpreter
 TARGETS = ("direct", "bare", "httpx", "httpx_aiohttp", "aiohttp", "httpx2", "transport", "gateway")
 # What the published run measures: clients the bench extra installs.
 DEFAULT_TARGETS = ("direct", "bare", "httpx", "aiohttp", "transport", "gateway")
@@ -132,6 +133,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"unknown targets {sorted(unknown)}")
     if "direct" not in ns.targets:
         ns.targets.insert(0, "direct")  # every added figure is against it
+    if ns.profile and not PY_SPY.is_file():
+        p.error(f"--profile needs py-spy at {PY_SPY} (the bench extra installs it)")
     if ns.profile and "gateway" not in ns.targets:
         p.error("--profile needs the gateway target")
     ns.gateway_env = dict(kv.split("=", 1) for kv in ns.gateway_env)
@@ -269,7 +272,7 @@ def profile(
     shape = "stream" if kind == "stream" else "non_stream"
     seconds = ns.profile_seconds + 5
     cmd, env = wrk_command(gateway, bodies[("p95", shape)], ns.connections, 1, seconds, False)
-    spy = [str(Path(sys.executable).parent / "py-spy"), "record", "--format", "flamegraph"]
+    spy = [str(PY_SPY), "record", "--format", "flamegraph"]
     spy += ["-o", str(out), "--pid", str(gateway.pid), "--rate", str(ns.profile_rate)]
     spy += ["--duration", str(ns.profile_seconds)]
     if ns.py_spy_nonblocking:
