@@ -109,3 +109,17 @@ def hs256_with_public_key(key: SigningKey, payload: dict[str, Any]) -> str:
     unsigned = raw_token(header, payload).rsplit(".", 1)[0]
     mac = hmac.new(key.public_pem(), unsigned.encode(), hashlib.sha256).digest()
     return unsigned + "." + b64(mac)
+
+
+def issuer_settings(**fields: Any) -> Any:
+    """An issuer's runtime settings (``IssuerSettings``) with the config schema's defaults for
+    what ``fields`` leave out: the schema is the one place those defaults are written."""
+    from hardcap_core.config.schema import IssuerConfig
+    from hardcap_core.identity import IssuerSettings
+
+    values = {
+        name: tuple(field.default) if isinstance(field.default, list) else field.default
+        for name, field in IssuerConfig.model_fields.items()
+        if not field.is_required()
+    }
+    return IssuerSettings(**(values | fields))

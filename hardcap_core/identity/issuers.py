@@ -29,7 +29,6 @@ KEY_TYPES: dict[str, tuple[str, str | None]] = {
     "ES512": ("EC", "P-521"),
     "EdDSA": ("OKP", None),  # Ed25519 or Ed448: the JWK's crv says which
 }
-DEFAULT_ALGORITHMS = ("RS256", "ES256", "PS256", "EdDSA")
 LOOPBACK_NAMES = frozenset({"localhost"})
 
 
@@ -47,11 +46,13 @@ class IssuerSettings:
     issuer: str  # the `iss` a token must carry, exactly
     jwks_url: str
     audiences: tuple[str, ...]  # `aud` must contain one of them
-    algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
-    user_claim: str = "sub"
-    group_claim: str = "groups"  # a string or a list of strings
-    leeway_seconds: float = 30.0
-    jwks_max_age_seconds: float = 600.0
+    # The rest have their defaults in the config schema (config/schema.py, IssuerConfig), the one
+    # place a default is written; config/validation.py passes every field.
+    algorithms: tuple[str, ...]
+    user_claim: str
+    group_claim: str  # a string or a list of strings
+    leeway_seconds: float
+    jwks_max_age_seconds: float
 
     def __post_init__(self) -> None:
         for field in ("name", "issuer", "user_claim", "group_claim"):

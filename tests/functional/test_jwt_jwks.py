@@ -21,13 +21,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from hardcap_core.errors import InvalidToken, IssuerUnavailable
-from hardcap_core.identity import IssuerSettings, JwtVerifier, TransportJwksFetch
+from hardcap_core.identity import JwtVerifier, TransportJwksFetch
 from hardcap_core.identity.jwks import MAX_JWKS_BYTES, MIN_FETCH_INTERVAL_S
 from hardcap_core.local.servers import ThreadServer
 from hardcap_core.local.valkey import free_port
 from hardcap_core.providers.http import make_transport
 from hardcap_core.providers.transport import Transport
-from tests.jwt_issuer import AUD, ISS, claims, ec_key, jwks, mint, rsa_key
+from tests.jwt_issuer import AUD, ISS, claims, ec_key, issuer_settings, jwks, mint, rsa_key
 
 RSA = rsa_key("rsa-1")
 EC = ec_key("ec-1")
@@ -79,7 +79,7 @@ async def transport() -> AsyncIterator[Transport]:
 
 
 def make_verifier(url: str, transport: Transport, clock: Clock) -> JwtVerifier:
-    issuer = IssuerSettings(name="corp-sso", issuer=ISS, jwks_url=url, audiences=(AUD,))
+    issuer = issuer_settings(name="corp-sso", issuer=ISS, jwks_url=url, audiences=(AUD,))
     return JwtVerifier([issuer], TransportJwksFetch(transport, timeout_s=TIMEOUT_S), clock)
 
 
