@@ -66,11 +66,32 @@ def is_ancestor(older: str, newer: str) -> bool:
     return _git("merge-base", "--is-ancestor", older, newer).returncode == 0
 
 
+def made_by(plot: Path) -> dict[str, Any]:
+    """The JSON result beside ``plot`` (a PNG or SVG stores no commit) that names it as its
+    output (the wrk run that recorded the flame graphs), or the result of the same name whose
+    run drew it (``failover.json`` run with ``--plot`` draws ``failover.png``); {} if none."""
+    twin = plot.with_suffix(".json")
+    if twin.exists():
+        data: dict[str, Any] = json.loads(twin.read_text())
+        if "--plot" in stored(data)[1] and stored(data)[0]:
+            return data
+    for candidate in sorted(plot.parent.glob("*.json")):
+        text = candidate.read_text()
+        if plot.name in text:
+            data = json.loads(text)
+            if stored(data)[0]:
+                return data
+    return {}
+
+
 def check(path: Path, measures: tuple[str, ...]) -> Freshness:
-    """The freshness of the result at ``path``; a non-JSON result (a plot) stores no commit."""
+    """The freshness of the result at ``path``; a plot takes the commit of the result that
+    made it (:func:`made_by`), else it stored none."""
     data: dict[str, Any] = {}
     if path.suffix == ".json" and path.exists():
         data = json.loads(path.read_text())
+    elif path.exists():
+        data = made_by(path)
     commit, command = stored(data)
     code = last_change(measures)
     stale = commit is None or (code is not None and not is_ancestor(code, commit))

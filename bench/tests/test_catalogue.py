@@ -146,3 +146,28 @@ def test_the_tests_import_nothing_from_bench() -> None:
         if pattern.search(p.read_text())
     ]
     assert offenders == []
+
+
+def test_a_plot_takes_the_commit_of_the_result_that_made_it(tmp_path: Path) -> None:
+    """A PNG or SVG stores no commit: the result naming it (a wrk run's flame graphs) or the
+    result of its name whose run drew it (``--plot``) says what it measured; else it is older."""
+    commit = last_change(("hardcap_core",))
+    assert commit is not None
+    machine = {"git_commit": commit}
+    (tmp_path / "wrk.json").write_text(
+        json.dumps({"command": "python -m bench wrk_overhead", "machine": machine,
+                    "profiles": [{"svg": "profile.svg"}]})
+    )  # fmt: skip
+    (tmp_path / "failover.json").write_text(
+        json.dumps({"command": "python -m bench failover --plot", "machine": machine})
+    )
+    (tmp_path / "other.json").write_text(
+        json.dumps({"command": "python -m bench other", "machine": machine})
+    )
+    for name in ("profile.svg", "failover.png", "other.png", "orphan.png"):
+        (tmp_path / name).write_bytes(b"")
+    measures = ("hardcap_core",)
+    assert check(tmp_path / "profile.svg", measures).commit == commit
+    assert check(tmp_path / "failover.png", measures).commit == commit
+    assert check(tmp_path / "other.png", measures).commit is None  # its run drew no plot
+    assert check(tmp_path / "orphan.png", measures).stale
