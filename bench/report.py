@@ -2,9 +2,9 @@
 
 Reads the published results of bench/catalogue.py and replaces the blocks between
 ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (NAME: one of :data:`BLOCKS`) in
-docs/benchmarks.md, docs/coldstart.md (its "Now:" figure), README.md (its headline block) and
-bench/README.md (the catalogue: one row per published result); nothing else in those files
-changes. Prints the tables too. The output
+docs/benchmarks.md, docs/design.md, docs/coldstart.md, docs/deploy.md (its cold start table),
+README.md (its headline block) and bench/README.md (the catalogue: one row per published result);
+nothing else in those files changes. Prints the tables too. The output
 depends only on the JSON and the git history: the same files at one commit give the same bytes.
 
 Each table's caption says the commit its result measured and, when the code the result
@@ -30,16 +30,27 @@ from bench.catalogue import published
 from bench.lib.freshness import check
 from bench.lib.report_catalogue import catalogue_table
 from bench.lib.report_coldstart import coldstart_now
+from bench.lib.report_coldstart_phases import RUNS as PHASE_RUNS
+from bench.lib.report_coldstart_phases import coldstart_phases_table
+from bench.lib.report_coldstart_server import coldstart_server_table
+from bench.lib.report_coldstart_transports import coldstart_transports_table
+from bench.lib.report_cut_charge import cut_charge_table
 from bench.lib.report_failover import failover_table
 from bench.lib.report_format import before_refusal, failed, ms, num, pct, queue_wait
 from bench.lib.report_goals import goals_table
 from bench.lib.report_headline import headline_table
+from bench.lib.report_input_estimate import input_estimate_table
 from bench.lib.report_lambda import lambda_share_table
 from bench.lib.report_ledger import RUNS as LEDGER_RUNS
 from bench.lib.report_ledger import ledger_runs_table
+from bench.lib.report_loop_lag import SHED_RUNS, loop_lag_table
+from bench.lib.report_meter_starved import METERS, meter_starved_table
+from bench.lib.report_pipe_ab import pipe_ab_table
 from bench.lib.report_propagation import propagation_table
 from bench.lib.report_realistic import realistic_tables
+from bench.lib.report_redis_clients import redis_clients_table
 from bench.lib.report_speed import levers_table, speed_goals_table, wrk_tables
+from bench.lib.report_tokenizer import tokenizer_table
 from bench.lib.report_tpm import LIMITERS as TPM_RUNS
 from bench.lib.report_tpm import tpm_table
 
@@ -63,6 +74,16 @@ BLOCKS = {
     "failover": "failover.json",
     "headline": "overshoot.json, wrk-overhead.json, lambda-share.json, failover.json",
     "coldstart-now": "coldstart-artifact-head.json",
+    "tokenizer-cost": "tokenizer-cost.json",
+    "redis-clients": "redis-clients.json",
+    "pipe-ab": "wrk-pipe-ab.json",
+    "coldstart-phases": "coldstart-phases.json, coldstart-phases-before.json",
+    "coldstart-transports": "coldstart-transports.json",
+    "coldstart-server": "coldstart-server.json",
+    "input-estimate": "input-estimate.json",
+    "meter-starved": "overshoot-starved.json, -time-only.json, -before.json",
+    "cut-charge": "cut-charge.json",
+    "loop-lag": "loop-lag.json, loop-lag-shed-500.json, loop-lag-shed-1000.json",
     "catalogue": "bench/catalogue.py and every result file",
 }
 MODE_ORDER = (
@@ -335,6 +356,16 @@ def build(
     tpm: Path | None = None,
     propagation: Path | None = None,
     coldstart: Path | None = None,
+    tokenizer: Path | None = None,
+    redis_clients: Path | None = None,
+    pipe_ab: Path | None = None,
+    phases: Path | None = None,
+    transports: Path | None = None,
+    servers: Path | None = None,
+    input_estimate: Path | None = None,
+    starved: Path | None = None,
+    cut_charge: Path | None = None,
+    loop_lag: Path | None = None,
 ) -> dict[str, str]:
     """The blocks by marker name; a result in ``refuse`` (or refused now) makes no block."""
     refusals = refuse if refuse is not None else []
@@ -384,6 +415,39 @@ def build(
         blocks["live-config-propagation"] = stamp(propagation_table(data), propagation)
     if coldstart and (data := read(coldstart)):
         blocks["coldstart-now"] = stamp(coldstart_now(data), coldstart)
+    if tokenizer and (data := read(tokenizer)):
+        blocks["tokenizer-cost"] = stamp(tokenizer_table(data), tokenizer)
+    if redis_clients and (data := read(redis_clients)):
+        blocks["redis-clients"] = stamp(redis_clients_table(data), redis_clients)
+    if pipe_ab and (data := read(pipe_ab)):
+        blocks["pipe-ab"] = stamp(pipe_ab_table(data), pipe_ab)
+    if phases:
+        phase_runs: dict[str, dict[str, Any]] = {}
+        for name in dict.fromkeys(n for n, _, _ in PHASE_RUNS):
+            if run := read(phases.with_name(name)):
+                phase_runs[name] = run
+        if phase_runs:
+            captions = "  \n".join(measured(phases.with_name(name)) for name in phase_runs)
+            blocks["coldstart-phases"] = f"{coldstart_phases_table(phase_runs)}\n\n{captions}"
+    if transports and (data := read(transports)):
+        blocks["coldstart-transports"] = stamp(coldstart_transports_table(data), transports)
+    if servers and (data := read(servers)):
+        blocks["coldstart-server"] = stamp(coldstart_server_table(data), servers)
+    if input_estimate and (data := read(input_estimate)):
+        blocks["input-estimate"] = stamp(input_estimate_table(data), input_estimate)
+    if starved:
+        meters = {name: data for name, _ in METERS if (data := read(starved.with_name(name)))}
+        if meters:
+            captions = "  \n".join(measured(starved.with_name(name)) for name in meters)
+            blocks["meter-starved"] = f"{meter_starved_table(meters)}\n\n{captions}"
+    if cut_charge and (data := read(cut_charge)):
+        blocks["cut-charge"] = stamp(cut_charge_table(data), cut_charge)
+    if loop_lag and (data := read(loop_lag)):
+        shed = {name: run for name in SHED_RUNS if (run := read(loop_lag.with_name(name)))}
+        captions = "  \n".join(
+            measured(loop_lag.with_name(name)) for name in [loop_lag.name, *shed]
+        )
+        blocks["loop-lag"] = f"{loop_lag_table(data, shed)}\n\n{captions}"
     shoot = read(overshoot)
     head = read(overhead)
     if shoot and overshoot:
@@ -424,9 +488,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tpm", type=Path, help="default RESULTS/tpm-window.json (and -before beside)")
     p.add_argument("--propagation", type=Path, help="default RESULTS/live-config-propagation.json")
     p.add_argument("--coldstart", type=Path, help="default RESULTS/coldstart-artifact-head.json")
+    p.add_argument("--tokenizer", type=Path, help="default RESULTS/tokenizer-cost.json")
+    p.add_argument("--redis-clients", type=Path, help="default RESULTS/redis-clients.json")
+    p.add_argument("--pipe-ab", type=Path, help="default RESULTS/wrk-pipe-ab.json")
+    p.add_argument("--input-estimate", type=Path, help="default RESULTS/input-estimate.json")
+    p.add_argument("--starved", type=Path, help="default RESULTS/overshoot-starved.json (+ beside)")
+    p.add_argument("--cut-charge", type=Path, help="default RESULTS/cut-charge.json")
+    p.add_argument("--loop-lag", type=Path, help="default RESULTS/loop-lag.json (+ -shed-* beside)")
+    p.add_argument("--phases", type=Path, help="default RESULTS/coldstart-phases.json (+ before)")
+    p.add_argument("--transports", type=Path, help="default RESULTS/coldstart-transports.json")
+    p.add_argument("--servers", type=Path, help="default RESULTS/coldstart-server.json")
     p.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     p.add_argument("--readme", type=Path, default=ROOT / "README.md")
     p.add_argument("--coldstart-doc", type=Path, default=ROOT / "docs" / "coldstart.md")
+    p.add_argument("--deploy-doc", type=Path, default=ROOT / "docs" / "deploy.md")
+    p.add_argument("--design-doc", type=Path, default=ROOT / "docs" / "design.md")
     p.add_argument("--catalogue", type=Path, default=ROOT / "bench" / "README.md")
     p.add_argument("--print-only", action="store_true")
     ns = p.parse_args(argv)
@@ -444,6 +520,16 @@ def main(argv: list[str] | None = None) -> int:
         failover=given(ns.failover, "failover.json"), tpm=given(ns.tpm, "tpm-window.json"),
         propagation=given(ns.propagation, "live-config-propagation.json"),
         coldstart=given(ns.coldstart, "coldstart-artifact-head.json"),
+        tokenizer=given(ns.tokenizer, "tokenizer-cost.json"),
+        redis_clients=given(ns.redis_clients, "redis-clients.json"),
+        pipe_ab=given(ns.pipe_ab, "wrk-pipe-ab.json"),
+        phases=given(ns.phases, "coldstart-phases.json"),
+        transports=given(ns.transports, "coldstart-transports.json"),
+        servers=given(ns.servers, "coldstart-server.json"),
+        input_estimate=given(ns.input_estimate, "input-estimate.json"),
+        starved=given(ns.starved, "overshoot-starved.json"),
+        cut_charge=given(ns.cut_charge, "cut-charge.json"),
+        loop_lag=given(ns.loop_lag, "loop-lag.json"),
     )  # fmt: skip
     catalogue = {"catalogue": catalogue_table(res, check)}
     refusals += [
@@ -454,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, block in {**blocks, **catalogue}.items():
         print(f"<!-- bench:{name} -->\n{block}\n<!-- /bench:{name} -->\n")
     if not ns.print_only:
-        docs = (ns.doc, ns.readme, ns.coldstart_doc)
+        docs = (ns.doc, ns.readme, ns.coldstart_doc, ns.deploy_doc, ns.design_doc)
         for path, wanted in (*((d, blocks) for d in docs), (ns.catalogue, catalogue)):
             if update(path, wanted):
                 print(f"updated {path}", file=sys.stderr)

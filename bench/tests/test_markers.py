@@ -45,5 +45,15 @@ def test_the_blocks_build_makes_are_the_generators_named() -> None:
         tpm=res / "tpm-window.json",
         propagation=res / "live-config-propagation.json",
         coldstart=res / "coldstart-artifact-head.json",
+        tokenizer=res / "tokenizer-cost.json",
+        redis_clients=res / "redis-clients.json",
+        pipe_ab=res / "wrk-pipe-ab.json",
+        phases=res / "coldstart-phases.json",
+        transports=res / "coldstart-transports.json",
+        servers=res / "coldstart-server.json",
+        input_estimate=res / "input-estimate.json",
+        starved=res / "overshoot-starved.json",
+        cut_charge=res / "cut-charge.json",
+        loop_lag=res / "loop-lag.json",
     )
     assert blocks and set(blocks) <= set(report.BLOCKS)
