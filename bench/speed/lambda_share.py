@@ -8,7 +8,7 @@ Set-up, all on this machine, all torn down at the end (also on Ctrl-C, SIGTERM o
   behind a veth pair (10.254.24.1/30 here, 10.254.24.2 there: no route leaves the machine).
   The delay is ``tc netem`` on both ends of the pair when the kernel has it; this VM's kernel
   does not (``tc qdisc add ... netem`` answers "Error: Specified qdisc kind is unknown.", the
-  exact error is kept in the result), so a userspace relay (:func:`relay_main`, a process of
+  exact error is kept in the result), so a userspace relay (`bench/lib/delay_relay.py`, a process of
   its own) forwards each chunk a fixed delay after it arrived, each way: a thread per
   direction reads, another writes on time (sleeps to within 150 µs, then spins: an event
   loop's timers have 1 ms resolution). The delay starts at half of ``--rtt-us`` (500) and is
@@ -38,9 +38,7 @@ Needs root (network namespaces, cgroups). Writes bench/results/lambda-share.json
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
-import ctypes
 import json
 import os
 import re
@@ -51,7 +49,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -62,6 +59,7 @@ from bench.cost.lambda_cost import ONE_VCPU_MB, ROUTE, start_in_group, warm_mock
 from bench.cost.lambda_cost_ab import write_bodies
 from bench.cost.lambda_cost_requests import TENANT, pct, thread_cpu_ns
 from bench.lib import cgroup_cpu, stack
+from bench.lib.delay_relay import SPIN_S
 from bench.lib.machine import CpuWatch, machine_info, write_json
 from bench.lib.wrk_run import (
     WRK_DIR,
@@ -87,8 +85,6 @@ VETH_HOST, VETH_CACHE = "hcb-host", "hcb-cache"
 HOST_IP, CACHE_IP, PREFIX_LEN = "10.254.24.1", "10.254.24.2", 30
 CACHE_PORT = 6379
 KINDS = ("non_stream", "stream", "non_stream_after_idle")
-SPIN_S = 150e-6  # the relay sleeps until this close to a chunk's time, then spins
-LATENESS_KEPT = 200_000  # the relay keeps at most this many lateness samples
 CALIBRATED_US = 15  # the relay's round trip within this of the target: calibrated
 
 
@@ -120,36 +116,6 @@ def distribution_us(samples_s: list[float]) -> dict[str, Any]:
         "max_us": round(max(samples_s) * 1e6, 1),
         "mean_us": round(statistics.fmean(samples_s) * 1e6, 1),
     }
-
-
-class DelayLine:
-    """One direction of the relay: chunks in arrival order, each released ``delay_s`` after
-    it arrived; chunks due together leave as one write (they would have been one read too)."""
-
-    def __init__(self, delay_s: float) -> None:
-        self.delay_s = delay_s
-        self._chunks: collections.deque[tuple[float, bytes]] = collections.deque()
-
-    def __len__(self) -> int:
-        return len(self._chunks)
-
-    def push(self, arrived: float, data: bytes) -> None:
-        self._chunks.append((arrived + self.delay_s, data))
-
-    def next_due(self) -> float | None:
-        """When the oldest chunk may leave (None: nothing waits)."""
-        return self._chunks[0][0] if self._chunks else None
-
-    def pop_due(self, now: float) -> tuple[bytes, float | None]:
-        """Every chunk due at ``now``, joined in order, and the earliest one's due time (to
-        measure how late it left); ``(b"", None)`` when none is due."""
-        out: list[bytes] = []
-        first: float | None = None
-        while self._chunks and self._chunks[0][0] <= now:
-            due, data = self._chunks.popleft()
-            first = due if first is None else first
-            out.append(data)
-        return b"".join(out), first
 
 
 def next_delay_us(delay_us: int, measured_rtt_us: float, target_rtt_us: int) -> int:
@@ -204,106 +170,6 @@ def summarize(blocks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # --- the relay (a process of its own: no GIL shared with the benchmark) ----------------------
-
-
-def wait_until(due: float) -> None:
-    """Until ``perf_counter() >= due``: a sleep to within SPIN_S, then a spin (a sleep alone
-    overshoots by the timer slack and the scheduler's wake-up; 50-100 µs here)."""
-    while True:
-        left = due - time.perf_counter()
-        if left <= 0:
-            return
-        if left > SPIN_S:
-            time.sleep(left - SPIN_S)
-
-
-class _Direction:
-    """Reads ``src`` into a :class:`DelayLine`; another thread writes it to ``dst`` on time."""
-
-    def __init__(self, src: socket.socket, dst: socket.socket, delay_s: float, late: list[float]):
-        self.src, self.dst, self.line = src, dst, DelayLine(delay_s)
-        self.late, self.closed = late, False
-        self.cond = threading.Condition()
-
-    def start(self) -> None:
-        threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._write, daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            while data := self.src.recv(65536):
-                with self.cond:
-                    self.line.push(time.perf_counter(), data)
-                    self.cond.notify()
-        except OSError:
-            pass  # the peer reset: what was read still goes out, then the write side closes
-        with self.cond:
-            self.closed = True
-            self.cond.notify()
-
-    def _write(self) -> None:
-        try:
-            while True:
-                with self.cond:
-                    while not self.line and not self.closed:
-                        self.cond.wait()
-                    due = self.line.next_due()
-                if due is None:
-                    break  # closed and drained
-                wait_until(due)
-                with self.cond:
-                    data, first = self.line.pop_due(time.perf_counter())
-                if first is not None:
-                    sent = time.perf_counter()
-                    self.dst.sendall(data)
-                    if len(self.late) < LATENESS_KEPT:
-                        self.late.append(sent - first)
-            self.dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                self.src.shutdown(socket.SHUT_RD)
-
-
-def _fine_timer_slack() -> None:
-    """1 µs of timer slack for this process (Linux's default is 50 µs): sleeps end on time."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, ns
-
-
-def relay_main(argv: list[str] | None = None) -> None:
-    """``listen_port upstream_host upstream_port delay_us stats_path``: relay TCP connections
-    from 127.0.0.1:listen_port to the upstream, each chunk ``delay_us`` late each way; on
-    SIGTERM, write how late chunks left (seconds past their due time) to ``stats_path``."""
-    port, host, up_port, delay_us, stats = argv if argv is not None else sys.argv[1:]
-    delay_s = int(delay_us) / 1e6
-    _fine_timer_slack()
-    sys.setswitchinterval(5e-5)  # a spinning writer hands the GIL over within 50 µs
-    late: list[float] = []
-
-    def stop(*_: object) -> None:
-        Path(stats).write_text(json.dumps(late))
-        os._exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    server = socket.create_server(("127.0.0.1", int(port)))
-    while True:
-        conn, _ = server.accept()
-        try:
-            upstream = socket.create_connection((host, int(up_port)), timeout=5)
-        except OSError:
-            conn.close()
-            continue
-        upstream.settimeout(None)
-        for s in (conn, upstream):
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _Direction(conn, upstream, delay_s, late).start()
-        _Direction(upstream, conn, delay_s, late).start()
-
-
-# --- the cache, 0.5 ms away -------------------------------------------------------------------
 
 
 def _ip(*args: str, netns: bool = False) -> subprocess.CompletedProcess[str]:
@@ -436,8 +302,7 @@ class CacheAway:
     def _start_relay(self) -> None:
         self.relay_port = free_port()
         stats = self.tmp / "relay-lateness.json"
-        module = ".".join(Path(__file__).resolve().relative_to(ROOT).with_suffix("").parts)
-        code = f"import {module} as m; m.relay_main()"
+        code = "import bench.lib.delay_relay as m; m.relay_main()"
         argv = [str(self.relay_port), CACHE_IP, str(CACHE_PORT), str(self.delay_us), str(stats)]
         path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         self.relay = subprocess.Popen(
@@ -525,7 +390,7 @@ class CacheAway:
             "target_rtt_us": self.target_rtt_us,
             "delay_us_each_way": self.delay_us,
             "calibration": self.calibration,
-            "relay": "userspace, bench/speed/lambda_share.py relay_main: a reader and a writer "
+            "relay": "userspace, bench/lib/delay_relay.py relay_main: a reader and a writer "
             "thread per direction, each chunk written delay_us after it was read (sleep to "
             f"{SPIN_S * 1e6:.0f} µs before, then spin); TCP_NODELAY both sides"
             if self.mode == "relay"

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import socket
 
+from bench.lib.delay_relay import DelayLine, _Direction
 from bench.speed.lambda_share import (
     TEMPLATE,
-    DelayLine,
-    _Direction,
     cpu_quota_us,
     distribution_us,
     next_delay_us,
