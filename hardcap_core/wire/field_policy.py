@@ -1,0 +1,77 @@
+"""What each request field of a wire format does to the bill, as data.
+
+One :class:`FieldPolicy` per wire format (OpenAI chat, OpenAI Responses, embeddings, Anthropic
+Messages) lists every top-level field the provider documents with its :class:`Effect`:
+
+- ``PASS``: cannot change the bill (sampling knobs, metadata): forwarded unchanged;
+- ``COUNTED``: its content is billed as input and the input estimate counts it;
+- ``PRICED``: it changes the price (a tier, a cache TTL, a per-use tool): the route's price
+  table prices it, or the parser refuses it naming the field;
+- ``BOUNDED``: it changes how much output may be billed, and the output cap bounds it;
+- ``REFUSED``: the gateway cannot bound what it bills; the parser answers 400 with ``reason``.
+
+A field the table does not list is refused with a 400 naming it, unless the route opts in to
+forwarding unknown fields (``wire.forward_unknown_fields``; they are then counted as input,
+never free). ``tests/unit/test_field_policies.py`` enumerates the pinned SDKs' own request
+types and fails when one of their fields has no entry here, so an SDK upgrade names what is new.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from hardcap_core.errors import InvalidRequest
+
+
+class Effect(StrEnum):
+    PASS = "pass"
+    COUNTED = "counted"
+    PRICED = "priced"
+    BOUNDED = "bounded"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One request field: its effect on the bill and, in words, why (shown in docs/config.md;
+    for ``REFUSED``, the message a client gets)."""
+
+    effect: Effect
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class FieldPolicy:
+    """The fields of one wire format (``name``: as the error messages call it)."""
+
+    name: str
+    fields: Mapping[str, Field]
+
+    def check(self, body: Mapping[str, object], *, forward_unknown: bool = False) -> None:
+        """Raise :class:`InvalidRequest` naming the first field of ``body`` that is refused, or
+        unknown while ``forward_unknown`` is off. Runs before admission: a refusal costs
+        nothing."""
+        for name in body:
+            rule = self.fields.get(name)
+            if rule is None:
+                if forward_unknown:
+                    continue
+                raise InvalidRequest(
+                    f"'{name}': this field is not supported here: {self.name} does not know "
+                    "what it bills (a route may forward unknown fields: "
+                    "wire.forward_unknown_fields).",
+                    param=name,
+                )
+            if rule.effect is Effect.REFUSED:
+                raise InvalidRequest(f"'{name}': {rule.why}", param=name)
+
+    def names(self, *effects: Effect) -> frozenset[str]:
+        """The fields with one of ``effects`` (all of them without arguments)."""
+        return frozenset(n for n, f in self.fields.items() if not effects or f.effect in effects)
+
+    def missing(self, documented: Iterable[str]) -> list[str]:
+        """The names in ``documented`` (an SDK's request type) that this table has no entry
+        for."""
+        return sorted(set(documented) - set(self.fields))
