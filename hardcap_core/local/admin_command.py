@@ -29,20 +29,28 @@ Call = tuple[str, str, dict[str, Any] | None, dict[str, Any] | None]  # method, 
 Render = render.Render
 
 
-def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    """Where the admin API is and how to authenticate: shared by ``admin`` and ``config``."""
-    parser.add_argument("--url", help=f"the admin API (default ${ADMIN_URL})")
+def add_connection_arguments(parser: argparse.ArgumentParser, *, verb: bool = False) -> None:
+    """Where the admin API is and how to authenticate: shared by ``admin`` and ``config``.
+
+    Taken before the verb (``hardcap admin --url U keys create``, as the README writes it) and
+    after it (``hardcap admin keys create --url U``): a ``verb``'s copy sets nothing it was not
+    given, so it never overwrites what came before the verb."""
+    unset: dict[str, Any] = {"default": argparse.SUPPRESS} if verb else {}
+    parser.add_argument("--url", help=f"the admin API (default ${ADMIN_URL})", **unset)
     parser.add_argument(
-        "--token", help=f"a local gateway's admin token (default ${ADMIN_TOKEN}; else SigV4)"
+        "--token",
+        help=f"a local gateway's admin token (default ${ADMIN_TOKEN}; else SigV4)",
+        **unset,
     )
-    parser.add_argument("--operator", help="who the local audit names (default: $USER)")
-    parser.add_argument("--json", action="store_true", help="print the API's JSON reply")
+    parser.add_argument("--operator", help="who the local audit names (default: $USER)", **unset)
+    parser.add_argument("--json", action="store_true", help="print the API's JSON reply", **unset)
 
 
 def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
     """The subcommands of ``hardcap admin``."""
+    add_connection_arguments(parser)
     common = argparse.ArgumentParser(add_help=False)
-    add_connection_arguments(common)
+    add_connection_arguments(common, verb=True)
     groups = parser.add_subparsers(dest="admin_group", required=True)
 
     def verb(group: Any, name: str, help_text: str) -> argparse.ArgumentParser:

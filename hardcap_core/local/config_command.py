@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """The subcommands of ``hardcap config``."""
+    add_connection_arguments(parser)
     common = argparse.ArgumentParser(add_help=False)
-    add_connection_arguments(common)
+    add_connection_arguments(common, verb=True)
     verbs = parser.add_subparsers(dest="config_verb", required=True)
     for name, help_text in (
         ("plan", "what apply would change in the live orgs, tenants and keys"),

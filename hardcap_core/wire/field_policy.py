@@ -12,7 +12,7 @@ Messages) lists every top-level field the provider documents with its :class:`Ef
 
 A field the table does not list is refused with a 400 naming it, unless the route opts in to
 forwarding unknown fields (``wire.forward_unknown_fields``; they are then counted as input,
-never free). ``tests/unit/test_field_policies.py`` enumerates the pinned SDKs' own request
+never free). A unit test enumerates the pinned SDKs' own request
 types and fails when one of their fields has no entry here, so an SDK upgrade names what is new.
 """
 
