@@ -87,15 +87,22 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
 
 def price_terms(body: dict[str, Any]) -> Terms:
     """What an OpenAI-shaped ``body`` asks that changes its price: its ``service_tier``, and
-    whether any of its parts or tools marks a prompt-cache write kept longer than 5 minutes
-    (Anthropic's ``cache_control.ttl: "1h"``, 2x the input price: any ``ttl`` but "5m")."""
+    whether it, any of its messages, their parts or its tools marks a prompt-cache write kept
+    longer than 5 minutes (Anthropic's ``cache_control.ttl: "1h"``, 2x the input price: any
+    ``ttl`` but "5m"; a translated Anthropic request keeps its marks there)."""
     tier = body.get("service_tier")
     tier = tier if isinstance(tier, str) and tier else None
-    hour = any(_kept_long(tool) for tool in body.get("tools") or ()) or any(
-        _kept_long(part)
-        for message in body.get("messages") or ()
-        if type(message) is dict and type(content := message.get("content")) is list
-        for part in content
+    messages = [m for m in body.get("messages") or () if type(m) is dict]
+    hour = (
+        _kept_long(body)
+        or any(_kept_long(tool) for tool in body.get("tools") or ())
+        or any(_kept_long(message) for message in messages)
+        or any(
+            _kept_long(part)
+            for message in messages
+            if type(content := message.get("content")) is list
+            for part in content
+        )
     )
     return NO_TERMS if tier is None and not hour else Terms(tier, hour)
 
