@@ -148,7 +148,7 @@ _COUNT_ONLY = frozenset(
 COUNT_FIELDS = FieldPolicy(
     "Anthropic count_tokens",
     {
-        **{name: _FIELDS[name] for name in _COUNT_ONLY},
+        **{name: field for name, field in _FIELDS.items() if name in _COUNT_ONLY},
         "compaction": Field(P, "count_tokens ignores it: the count is of messages as sent."),
     },
 )

@@ -79,6 +79,15 @@ class FieldPolicy:
         """The fields with one of ``effects`` (all of them without arguments)."""
         return frozenset(n for n, f in self.fields.items() if not effects or f.effect in effects)
 
+    def markdown(self) -> str:
+        """The table as docs/config.md shows it: one row per field, in the table's order."""
+        rows = ["| field | effect | why |", "|---|---|---|"]
+        for name, field in self.fields.items():
+            shown = f"`{name}`" + (f" (header `{field.header}`)" if field.header else "")
+            why = field.why[0].upper() + field.why[1:]
+            rows.append(f"| {shown} | {field.effect} | {why} |")
+        return "\n".join(rows) + "\n"
+
     def missing(self, documented: Iterable[str]) -> list[str]:
         """The names in ``documented`` (an SDK's request type) that this table has no entry
         for."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import typing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -97,9 +98,22 @@ def test_missing_names_a_field_newer_than_the_table() -> None:
     assert MESSAGES_FIELDS.missing(newer) == ["telepathy"]
 
 
-@pytest.mark.parametrize("policy", [MESSAGES_FIELDS, COUNT_FIELDS, CHAT_FIELDS])
+@pytest.mark.parametrize(
+    "policy", [MESSAGES_FIELDS, COUNT_FIELDS, CHAT_FIELDS], ids=lambda p: str(p.name)
+)
 def test_every_entry_says_why(policy: FieldPolicy) -> None:
     assert all(f.why.strip() for f in policy.fields.values())
+
+
+@pytest.mark.parametrize(
+    "policy", [MESSAGES_FIELDS, COUNT_FIELDS, CHAT_FIELDS], ids=lambda p: str(p.name)
+)
+def test_docs_config_shows_each_table_as_the_code_has_it(policy: FieldPolicy) -> None:
+    docs = (Path(__file__).parents[2] / "docs" / "config.md").read_text()
+    start = f"<!-- field table: {policy.name} -->\n"
+    assert start in docs, f"docs/config.md has no table of {policy.name}"
+    shown = docs.split(start, 1)[1].split("<!-- end field table -->", 1)[0]
+    assert shown == policy.markdown(), f"docs/config.md's table should be:\n{policy.markdown()}"
 
 
 def parse(body: dict[str, Any], **kw: Any) -> ChatRequest:
