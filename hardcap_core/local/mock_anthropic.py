@@ -82,8 +82,9 @@ FIELDS = frozenset(
 )  # fmt: skip
 BLOCKS = frozenset(
     {"text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking", "document",
-     "search_result"}
+     "search_result", "tool_addition", "tool_removal"}
 )  # fmt: skip
+ROLES = ("user", "assistant", "system")  # system mid-conversation: a 2026 beta Claude Code uses
 TOOL_FIELDS = frozenset(
     {"name", "description", "input_schema", "cache_control", "type", "strict", "defer_loading",
      "input_examples", "eager_input_streaming"}
@@ -141,8 +142,8 @@ def check(headers: Mapping[str, str], body: Any, *, count_only: bool = False) ->
     if not isinstance(messages, list) or not messages:
         raise Invalid("messages: at least one message is required")
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-            raise Invalid(f"messages.{i}.role: Input should be 'user' or 'assistant'")
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise Invalid(f"messages.{i}.role: Input should be 'user', 'assistant' or 'system'")
         content = message.get("content")
         if isinstance(content, list):
             for j, block in enumerate(content):

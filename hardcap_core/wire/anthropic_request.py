@@ -356,9 +356,9 @@ def _messages(value: Any) -> list[dict[str, Any]]:
         where = f"messages[{i}]"
         message = _object(item, where)
         role, content = message.get("role"), message.get("content")
-        if role not in ("user", "assistant"):
+        if role not in ("user", "assistant", "system"):
             raise InvalidRequest(
-                f"'{where}.role' must be user or assistant.", param=f"{where}.role"
+                f"'{where}.role' must be user, assistant or system.", param=f"{where}.role"
             )
         if isinstance(content, str):
             out.append({"role": role, "content": content})
@@ -371,9 +371,42 @@ def _messages(value: Any) -> list[dict[str, Any]]:
         blocks = [_object(b, f"{where}.content[{j}]") for j, b in enumerate(content)]
         if role == "user":
             out += _user(blocks, f"{where}.content")
-        else:
+        elif role == "assistant":
             out.append(_assistant(blocks, f"{where}.content"))
+        else:
+            out.append(_system_turn(blocks, f"{where}.content"))
     return out
+
+
+def _system_turn(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
+    """A system message mid-conversation (Claude Code sends its environment as one): text,
+    and the tools it adds or removes from there on, counted by their length (a tool defined
+    there is checked as ``tools`` are: a server tool is refused)."""
+    parts: list[dict[str, Any]] = []
+    for j, block in enumerate(blocks):
+        at = f"{where}[{j}]"
+        kind = block.get("type")
+        if kind == "text":
+            parts.append(_text(block, at))
+            continue
+        if kind not in ("tool_addition", "tool_removal"):
+            raise InvalidRequest(
+                f"'{at}.type' {kind!r} cannot be in a system message here (text, "
+                "tool_addition, tool_removal).",
+                param=f"{at}.type",
+            )
+        tool = _object(block.get("tool"), f"{at}.tool")
+        if tool.get("type") == "tool_definition":
+            _tools([_object(tool.get("definition"), f"{at}.tool.definition")])
+        elif tool.get("type") != "tool_reference":
+            raise InvalidRequest(
+                f"'{at}.tool.type' {tool.get('type')!r}: only tools of this request can be "
+                "added or removed here (an MCP server's are refused with mcp_servers).",
+                param=f"{at}.tool.type",
+            )
+        _mark(block, at)
+        parts.append(block)  # only an Anthropic upstream takes it; counted as sent
+    return {"role": "system", "content": parts}
 
 
 def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:

@@ -46,8 +46,9 @@ CLAUDE_CODE: dict[str, Any] = {
     "system": [
         {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
     ],
-    "messages": [
+    "messages": [  # a system message mid-conversation too, as Claude Code sends it
         {"role": "user", "content": [{"type": "text", "text": "list the files"}]},
+        {"role": "system", "content": [{"type": "text", "text": "# Environment: linux"}]},
         {
             "role": "assistant",
             "content": [
@@ -166,16 +167,16 @@ def test_an_hour_long_cache_mark_prices_the_write_wherever_it_is() -> None:
     write price holds it; 5m marks alone do not."""
     assert price_terms(parse(CLAUDE_CODE).body).cache_1h
     five = copy.deepcopy(CLAUDE_CODE)
-    five["messages"][2]["content"][0]["cache_control"] = {"type": "ephemeral"}
+    five["messages"][3]["content"][0]["cache_control"] = {"type": "ephemeral"}
     assert not price_terms(parse(five).body).cache_1h
     inner = copy.deepcopy(five)
-    inner["messages"][2]["content"][0]["content"][0]["cache_control"] = {
+    inner["messages"][3]["content"][0]["content"][0]["cache_control"] = {
         "type": "ephemeral",
         "ttl": "1h",
     }
     assert price_terms(parse(inner).body).cache_1h
     use = copy.deepcopy(five)
-    use["messages"][1]["content"][1]["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
+    use["messages"][2]["content"][1]["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
     assert price_terms(parse(use).body).cache_1h
     top = {**five, "cache_control": {"type": "ephemeral", "ttl": "1h"}}
     assert price_terms(parse(top).body).cache_1h
@@ -219,6 +220,20 @@ def test_a_refused_field_is_a_400_naming_it(extra: dict[str, Any], param: str) -
     error = refused({**CLAUDE_CODE, **extra})
     assert error.param == param and error.status == 400
     assert param.split(".")[0].split("[")[0] in error.message
+
+
+def test_a_tool_added_mid_conversation_is_checked_as_tools_are() -> None:
+    def added(tool: dict[str, Any]) -> dict[str, Any]:
+        body = copy.deepcopy(CLAUDE_CODE)
+        body["messages"][1]["content"].append({"type": "tool_addition", "tool": tool})
+        return body
+
+    chat = parse(added({"type": "tool_reference", "name": "Bash"}))
+    assert chat.input_tokens > parse(CLAUDE_CODE).input_tokens
+    server = {"type": "tool_definition", "definition": {"type": "web_search_20250305"}}
+    assert refused(added(server)).param == "tools[0].type"
+    mcp = {"type": "mcp_toolset_reference", "mcp_server_name": "x"}
+    assert refused(added(mcp)).param == "messages[1].content[1].tool.type"
 
 
 def test_a_server_tool_is_named_in_its_refusal() -> None:
