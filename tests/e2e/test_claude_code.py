@@ -1,8 +1,9 @@
 """Claude Code itself (pinned, installed with npm into `.cache/clients/`) against `hardcap serve`
-and the mock's Anthropic mode, with its defaults: only `ANTHROPIC_BASE_URL`, a key and its
-models mapped to a route. It sends `/v1/messages?beta=true` with `context_management`,
-`output_config`, adaptive thinking, a mid-conversation system message and cache marks; the
-turn must finish, and what the ledger charged must be what the mock billed.
+and the mock's Anthropic mode, with its defaults: only `ANTHROPIC_BASE_URL` and a key; its
+default model (`claude-opus-5-5`, 128,000 output tokens, adaptive thinking) is a route. It
+sends `/v1/messages?beta=true` with `context_management`, `output_config`, adaptive thinking,
+a mid-conversation system message and cache marks; the turn must finish, and what the ledger
+charged must be what the mock billed.
 
 Skipped, saying why, where npm or the registry is not reachable."""
 
@@ -25,6 +26,7 @@ from hardcap_core.local.valkey import LocalValkey
 from tests.stack import KEYS, Mock, config_data, gateway_processes
 
 CLAUDE_CODE_VERSION = "2.1.337"
+MODEL = "claude-opus-5-5"  # its default model, with max_tokens 128,000
 CLIENTS = Path(__file__).parents[2] / ".cache" / "clients"
 KEY_ENV = "HC_TEST_ANTHROPIC_KEY"
 PRICE = {"input_per_million": 3.0, "output_per_million": 15.0}
@@ -66,8 +68,8 @@ def serve(mock: Mock, valkey: LocalValkey, tmp: Path, budget: int = 10_000_000) 
          "timeout_seconds": 30, "api_key_env": KEY_ENV}
     )  # fmt: skip
     data["routes"].append(
-        {"name": "claude", "upstream": "claude", "model": "mock-small", "price": PRICE,
-         "max_output_tokens": 64_000}
+        {"name": MODEL, "upstream": "claude", "model": "mock-small", "price": PRICE,
+         "max_output_tokens": 128_000}
     )  # fmt: skip
     data["tenants"][0]["budgets"] = [
         {"dimension": "total_tokens", "limit": budget, "window": "day"}
@@ -85,7 +87,7 @@ def fresh(valkey: LocalValkey, mock: Mock, monkeypatch: pytest.MonkeyPatch) -> L
 
 
 def run(claude: Path, base: str, prompt: str, home: Path) -> subprocess.CompletedProcess[str]:
-    """``claude -p prompt`` with its defaults, its models mapped to the route "claude"."""
+    """``claude -p prompt`` with its defaults: the gateway's URL and a key."""
     home.mkdir(exist_ok=True)
     env = {
         "PATH": os.environ.get("PATH", ""),
@@ -93,9 +95,6 @@ def run(claude: Path, base: str, prompt: str, home: Path) -> subprocess.Complete
         "CLAUDE_CONFIG_DIR": str(home / ".claude"),
         "ANTHROPIC_BASE_URL": base.removesuffix("/v1"),
         "ANTHROPIC_API_KEY": KEYS["alpha"],
-        "ANTHROPIC_MODEL": "claude",
-        "ANTHROPIC_SMALL_FAST_MODEL": "claude",
-        "ANTHROPIC_DEFAULT_HAIKU_MODEL": "claude",
         # No network here: keep it from phoning home (none of these change its requests).
         "DISABLE_AUTOUPDATER": "1",
         "DISABLE_TELEMETRY": "1",
@@ -131,6 +130,7 @@ def test_a_turn_with_its_defaults_finishes_and_is_charged_the_mocks_bill(
         for name in ("context_management", "output_config", "thinking", "metadata", "tools"):
             assert name in body, name
         assert "context-management-2025-06-27" in (sent[-1]["anthropic_beta"] or "")
+        assert body["thinking"]["type"] == "adaptive" and body["model"] == "mock-small"
         tenant = body["metadata"]["user_id"]  # the mock's tenant: Claude Code's own id
         deadline = time.monotonic() + 5
         while tenant_usage(bases[0])["reserved"] and time.monotonic() < deadline:
