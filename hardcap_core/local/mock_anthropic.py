@@ -24,7 +24,9 @@ billed by the image rule; a PDF it cannot read is refused, as the API refuses it
 definition and, with tools, the tool-use system prompt Anthropic adds
 (:data:`TOOL_SYSTEM_TOKENS`). `count_tokens` answers the
 same bill. Usage reports it split: `cache_read_input_tokens` and `cache_creation_input_tokens`
-by `[mock:cache_read=N]` and `[mock:cache_write=N]`, the rest as `input_tokens`; the writes
+by `[mock:cache_read=N]` and `[mock:cache_write=N]`, or without them by its prompt cache
+(`mock_cache`: prefixes up to each `cache_control` mark, read when sent again unchanged), the
+rest as `input_tokens`; the writes
 split again in `cache_creation` by how long they are kept, as Anthropic reports them: those
 within the blocks up to the last one marked `cache_control: {"ttl": "1h"}` are kept an hour
 (billed 2x input, against 1.25x for the default 5 minutes; `hour_prefix`).
@@ -61,6 +63,7 @@ from hardcap_core.local.mock_anthropic_replies import (
     stream_messages,
 )
 from hardcap_core.local.mock_billing import pdf_pages, text_tokens, value_tokens
+from hardcap_core.local.mock_cache import PromptCache
 from hardcap_core.local.mock_faults import Faults, apply_fault, hang, retry_headers
 from hardcap_core.local.mock_plan import ChatRequest, Plan
 from hardcap_core.local.mock_replies import CuttableStreamingResponse, dropped
@@ -219,19 +222,29 @@ def anthropic_prompt_tokens(body: Mapping[str, Any]) -> int:
     return total
 
 
-def hour_prefix(body: Mapping[str, Any]) -> int:
-    """The prompt tokens through the last block marked to be cached an hour (`cache_control`
-    with `ttl: "1h"`), in the order Anthropic caches a prompt: tools, system, messages."""
+def cache_blocks(body: Mapping[str, Any]) -> list[tuple[Any, int]]:
+    """A prompt's blocks in the order Anthropic caches it (the tool-use system prompt, tools,
+    system, each message's role and blocks), each with its prompt tokens."""
     tools = body.get("tools") or []
-    end = TOOL_SYSTEM_TOKENS + value_tokens(body.get("tool_choice")) if tools else 0
-    marked = 0
-    blocks: list[tuple[Any, int]] = [(tool, value_tokens(tool)) for tool in tools]
+    blocks: list[tuple[Any, int]] = []
+    if tools:  # counted ahead of the tools, as the mock has always counted it
+        choice = body.get("tool_choice")
+        blocks.append(({"tool_choice": choice}, TOOL_SYSTEM_TOKENS + value_tokens(choice)))
+    blocks += [(tool, value_tokens(tool)) for tool in tools]
     system = body.get("system")
     blocks += [(b, _content_tokens([b])) for b in _listed(system)]
     for message in body.get("messages") or ():
         parts = _listed(message.get("content"))
-        blocks += [(None, TOKENS_PER_MESSAGE), *((b, _content_tokens([b])) for b in parts)]
-    for block, tokens in blocks:
+        role = {"role": message.get("role")}
+        blocks += [(role, TOKENS_PER_MESSAGE), *((b, _content_tokens([b])) for b in parts)]
+    return blocks
+
+
+def hour_prefix(body: Mapping[str, Any]) -> int:
+    """The prompt tokens through the last block marked to be cached an hour (`cache_control`
+    with `ttl: "1h"`), in the order Anthropic caches a prompt: tools, system, messages."""
+    end = marked = 0
+    for block, tokens in cache_blocks(body):
         end += tokens
         mark = block.get("cache_control") if isinstance(block, dict) else None
         if isinstance(mark, dict) and mark.get("ttl") == "1h":
@@ -325,6 +338,7 @@ def anthropic_routes(
     faults: Faults,
     planner: Planner,
     first_token_ms: float,
+    cache: PromptCache | None = None,
 ) -> list[Route]:
     """The Anthropic mode's routes, sharing the OpenAI mode's ground truth, faults and planner."""
     received: deque[dict[str, Any]] = deque(maxlen=RECEIVED)
@@ -337,6 +351,10 @@ def anthropic_routes(
             check(request.headers, body)
             req = planning_request(body)
             plan = _plan(planner, req, body)
+            if cache is not None and not (plan.cache_read or plan.cache_write):
+                use = cache.use(cache_blocks(body), mark_last=body.get("cache_control") is not None)
+                if use is not None:
+                    plan = dataclasses.replace(plan, cache_read=use.read, cache_write=use.written)
         except Invalid as exc:
             return error(exc.status, str(exc))
         except ValueError as exc:

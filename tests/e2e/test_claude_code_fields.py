@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import anthropic
@@ -20,7 +21,10 @@ from tests.stack import KEYS, Mock, config_data, gateway_thread
 from tests.unit.test_field_policies import CLAUDE_CODE
 
 KEY_ENV = "HC_TEST_ANTHROPIC_KEY"
-PRICE = {"input_per_million": 3.0, "output_per_million": 15.0}
+PRICE = {"input_per_million": 3.0, "output_per_million": 15.0, "cached_input_per_million": 0.3,
+         "cache_write_per_million": 3.75}  # fmt: skip
+NUSD = {"input": 3_000, "read": 300, "written": 3_750, "output": 15_000}  # per token
+LONG = "The repository's conventions, which every turn sends again. " * 200
 BETAS = ["claude-code-20250219", "interleaved-thinking-2025-05-14", "context-management-2025-06-27"]
 
 
@@ -151,3 +155,45 @@ def test_a_1m_context_beta_needs_long_context_prices(
     assert len(received(mock)) == before
     used = tenant_usage(base)
     assert used["used"] == 0 and used["reserved"] == 0
+
+
+def test_a_multi_turn_conversation_reads_its_prefix_from_the_cache_at_the_cache_price(
+    mock: Mock, stack: tuple[str, anthropic.Anthropic]
+) -> None:
+    """Two turns of one conversation: the first writes its prefix (a long system prompt and
+    the first question, both marked), the second sends it again unchanged and reads it from the
+    mock's cache, as Anthropic's. A byte of the prefix changed by the gateway on the way would
+    make the second turn write it again. Each turn is charged at the route's cache prices."""
+    _, sdk = stack
+    system = [{"type": "text", "text": LONG, "cache_control": {"type": "ephemeral"}}]
+    mark = {"type": "ephemeral"}
+    messages: list[Any] = [
+        {"role": "user", "content": [{"type": "text", "text": "one [mock:tokens=6]",
+                                      "cache_control": mark}]},
+    ]  # fmt: skip
+    costs = []
+    usages = []
+    for turn in (1, 2):
+        raw = sdk.beta.messages.with_raw_response.create(
+            model="claude", max_tokens=50, system=system, messages=messages,
+            metadata={"user_id": "alpha"}, betas=BETAS[:1],
+        )  # fmt: skip
+        reply = raw.parse()
+        usages.append(reply.usage)
+        costs.append(Decimal(raw.headers["x-hardcap-cost-usd"]) * 10**9)
+        text = "".join(b.text for b in reply.content if b.type == "text")
+        messages += [
+            {"role": "assistant", "content": [{"type": "text", "text": text}]},
+            {"role": "user", "content": [{"type": "text", "text": f"turn {turn + 1} "
+                                          "[mock:tokens=4]", "cache_control": mark}]},
+        ]  # fmt: skip
+    first, second = usages
+    assert first.cache_read_input_tokens == 0 and (first.cache_creation_input_tokens or 0) > 1000
+    assert second.cache_read_input_tokens == first.cache_creation_input_tokens
+    for usage, cost in zip(usages, costs, strict=True):
+        read, written = usage.cache_read_input_tokens or 0, usage.cache_creation_input_tokens or 0
+        expected = (
+            usage.input_tokens * NUSD["input"] + read * NUSD["read"]
+            + written * NUSD["written"] + usage.output_tokens * NUSD["output"]
+        )  # fmt: skip
+        assert cost == expected
