@@ -7,6 +7,12 @@ fails when an SDK upgrade brings one without. Fields the SDK sends as headers
 (``betas``, ``workspace_id``, ``user_profile_id``) are listed with their header: in a body
 they are a 400 naming the header. What a field's value may be is checked by the parser
 (:mod:`hardcap_core.wire.anthropic_request`), which refuses the values the ``why`` names.
+
+An Anthropic upstream is sent the body as the client wrote it. An OpenAI-compatible or Bedrock
+upstream is sent the translation, which leaves out what only Anthropic takes
+(``context_management``, ``output_config``, ``service_tier``, ``cache_control``, the betas):
+each of those only lowers the bill or is bounded by the output cap, and the estimate counted
+the request as sent, so leaving them out cannot take a request past its hold.
 """
 
 from __future__ import annotations
