@@ -23,6 +23,7 @@ import redis
 
 from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.valkey import LocalValkey
+from hardcap_core.rollup.records import UsageRecord, parse_entry
 from tests.stack import KEYS, Mock, config_data, gateway_processes
 
 CLAUDE_CODE_VERSION = "2.1.337"
@@ -86,8 +87,10 @@ def fresh(valkey: LocalValkey, mock: Mock, monkeypatch: pytest.MonkeyPatch) -> L
     return valkey
 
 
-def run(claude: Path, base: str, prompt: str, home: Path) -> subprocess.CompletedProcess[str]:
-    """``claude -p prompt`` with its defaults: the gateway's URL and a key."""
+def run(
+    claude: Path, base: str, prompt: str, home: Path, *options: str
+) -> subprocess.CompletedProcess[str]:
+    """``claude [options] -p prompt`` with its defaults: the gateway's URL and a key."""
     home.mkdir(exist_ok=True)
     env = {
         "PATH": os.environ.get("PATH", ""),
@@ -102,7 +105,7 @@ def run(claude: Path, base: str, prompt: str, home: Path) -> subprocess.Complete
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
     return subprocess.run(
-        [str(claude), "-p", prompt], env=env, cwd=home, capture_output=True, text=True,
+        [str(claude), *options, "-p", prompt], env=env, cwd=home, capture_output=True, text=True,
         timeout=TURN_TIMEOUT_S, check=False,
     )  # fmt: skip
 
@@ -138,6 +141,37 @@ def test_a_turn_with_its_defaults_finishes_and_is_charged_the_mocks_bill(
         truth = mock.truth(tenant)
         assert truth["requests"] == len(sent)
         assert tenant_usage(bases[0])["used"] == truth["total_tokens"] > 0
+
+
+def records(valkey: LocalValkey) -> list[UsageRecord]:
+    with redis.Redis.from_url(valkey.url) as r:
+        entries = r.xrange("hc:{o:acme}:usage")
+    return [rec for rec in (parse_entry(i, f) for i, f in entries) if not rec.refused]
+
+
+def test_the_next_turn_reads_the_conversation_from_the_providers_cache(
+    claude: Path, mock: Mock, fresh: LocalValkey, tmp_path: Path
+) -> None:
+    """`claude -c` sends the first turn's prompt again with the next question: the upstream
+    (the mock's prompt cache, as Anthropic's) reads it from its cache, and the ledger charges
+    the read at the cache price: the second turn, longer, costs less than the first."""
+    home = tmp_path / "home"
+    with serve(mock, fresh, tmp_path) as bases:
+        first = run(claude, bases[0], "say hi [mock:tokens=5]", home)
+        assert first.returncode == 0, first.stdout + first.stderr
+        second = run(claude, bases[0], "again [mock:tokens=5]", home, "--continue")
+        assert second.returncode == 0, second.stdout + second.stderr
+        deadline = time.monotonic() + 5
+        while len(records(fresh)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        one, two = records(fresh)
+        tenant = received(mock)[-1]["body"]["metadata"]["user_id"]
+        truth = mock.truth(tenant)
+    assert one.outcome == two.outcome == "completed"
+    assert one.cached_input_tokens == 0 < two.cached_input_tokens
+    assert two.input_tokens > one.input_tokens and two.cost_nusd < one.cost_nusd
+    charged = sum(r.input_tokens + r.output_tokens for r in (one, two))
+    assert charged == truth["total_tokens"]
 
 
 def test_a_turn_past_the_budget_gets_a_clear_message_and_gives_up_promptly(
