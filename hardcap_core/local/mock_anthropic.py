@@ -9,6 +9,9 @@ requires `max_tokens`, and answers errors as `{"type": "error", "error": {"type"
 is accepted next to `user_id` and gives the request its own ground-truth record, as in the
 OpenAI mode (the real API would reject it; the gateway's provider never sends it).
 
+What it was sent: `GET /mock/anthropic/received`, the last `RECEIVED` Messages requests (path,
+`anthropic-beta` header, body), oldest first, for tests that a gateway forwards them unchanged.
+
 Tenant: `metadata.user_id`, else "anonymous". The same ground truth as the OpenAI mode.
 
 The prompt is billed as Anthropic bills it, with cl100k_base standing in for Claude's own
@@ -21,7 +24,9 @@ billed by the image rule; a PDF it cannot read is refused, as the API refuses it
 definition and, with tools, the tool-use system prompt Anthropic adds
 (:data:`TOOL_SYSTEM_TOKENS`). `count_tokens` answers the
 same bill. Usage reports it split: `cache_read_input_tokens` and `cache_creation_input_tokens`
-by `[mock:cache_read=N]` and `[mock:cache_write=N]`, the rest as `input_tokens`; the writes
+by `[mock:cache_read=N]` and `[mock:cache_write=N]`, or without them by its prompt cache
+(`mock_cache`: prefixes up to each `cache_control` mark, read when sent again unchanged), the
+rest as `input_tokens`; the writes
 split again in `cache_creation` by how long they are kept, as Anthropic reports them: those
 within the blocks up to the last one marked `cache_control: {"ttl": "1h"}` are kept an hour
 (billed 2x input, against 1.25x for the default 5 minutes; `hour_prefix`).
@@ -44,6 +49,7 @@ import asyncio
 import dataclasses
 import json
 import math
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -57,6 +63,7 @@ from hardcap_core.local.mock_anthropic_replies import (
     stream_messages,
 )
 from hardcap_core.local.mock_billing import pdf_pages, text_tokens, value_tokens
+from hardcap_core.local.mock_cache import PromptCache
 from hardcap_core.local.mock_faults import Faults, apply_fault, hang, retry_headers
 from hardcap_core.local.mock_plan import ChatRequest, Plan
 from hardcap_core.local.mock_replies import CuttableStreamingResponse, dropped
@@ -72,11 +79,20 @@ FIELDS = frozenset(
     {
         "model", "messages", "max_tokens", "system", "stream", "stop_sequences", "temperature",
         "top_p", "top_k", "tools", "tool_choice", "metadata", "thinking", "service_tier",
+        "context_management", "output_config", "cache_control", "speed", "inference_geo",
+        "diagnostics", "fallback_credit_token",
     }
 )  # fmt: skip
 BLOCKS = frozenset(
-    {"text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking", "document"}
-)
+    {"text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking", "document",
+     "search_result", "tool_addition", "tool_removal"}
+)  # fmt: skip
+ROLES = ("user", "assistant", "system")  # system mid-conversation: a 2026 beta Claude Code uses
+TOOL_FIELDS = frozenset(
+    {"name", "description", "input_schema", "cache_control", "type", "strict", "defer_loading",
+     "input_examples", "eager_input_streaming"}
+)  # fmt: skip
+RECEIVED = 16  # the last requests `GET /mock/anthropic/received` shows
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -129,8 +145,8 @@ def check(headers: Mapping[str, str], body: Any, *, count_only: bool = False) ->
     if not isinstance(messages, list) or not messages:
         raise Invalid("messages: at least one message is required")
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-            raise Invalid(f"messages.{i}.role: Input should be 'user' or 'assistant'")
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise Invalid(f"messages.{i}.role: Input should be 'user', 'assistant' or 'system'")
         content = message.get("content")
         if isinstance(content, list):
             for j, block in enumerate(content):
@@ -165,7 +181,7 @@ def _check_options(body: dict[str, Any]) -> None:
     for i, tool in enumerate(body.get("tools") or []):
         if not isinstance(tool, dict) or not tool.get("name") or "input_schema" not in tool:
             raise Invalid(f"tools.{i}: a tool needs name and input_schema")
-        if set(tool) - {"name", "description", "input_schema", "cache_control", "type"}:
+        if set(tool) - TOOL_FIELDS:
             raise Invalid(f"tools.{i}: Extra inputs are not permitted")
     choice = body.get("tool_choice")
     if choice is not None:
@@ -206,19 +222,29 @@ def anthropic_prompt_tokens(body: Mapping[str, Any]) -> int:
     return total
 
 
-def hour_prefix(body: Mapping[str, Any]) -> int:
-    """The prompt tokens through the last block marked to be cached an hour (`cache_control`
-    with `ttl: "1h"`), in the order Anthropic caches a prompt: tools, system, messages."""
+def cache_blocks(body: Mapping[str, Any]) -> list[tuple[Any, int]]:
+    """A prompt's blocks in the order Anthropic caches it (the tool-use system prompt, tools,
+    system, each message's role and blocks), each with its prompt tokens."""
     tools = body.get("tools") or []
-    end = TOOL_SYSTEM_TOKENS + value_tokens(body.get("tool_choice")) if tools else 0
-    marked = 0
-    blocks: list[tuple[Any, int]] = [(tool, value_tokens(tool)) for tool in tools]
+    blocks: list[tuple[Any, int]] = []
+    if tools:  # counted ahead of the tools, as the mock has always counted it
+        choice = body.get("tool_choice")
+        blocks.append(({"tool_choice": choice}, TOOL_SYSTEM_TOKENS + value_tokens(choice)))
+    blocks += [(tool, value_tokens(tool)) for tool in tools]
     system = body.get("system")
     blocks += [(b, _content_tokens([b])) for b in _listed(system)]
     for message in body.get("messages") or ():
         parts = _listed(message.get("content"))
-        blocks += [(None, TOKENS_PER_MESSAGE), *((b, _content_tokens([b])) for b in parts)]
-    for block, tokens in blocks:
+        role = {"role": message.get("role")}
+        blocks += [(role, TOKENS_PER_MESSAGE), *((b, _content_tokens([b])) for b in parts)]
+    return blocks
+
+
+def hour_prefix(body: Mapping[str, Any]) -> int:
+    """The prompt tokens through the last block marked to be cached an hour (`cache_control`
+    with `ttl: "1h"`), in the order Anthropic caches a prompt: tools, system, messages."""
+    end = marked = 0
+    for block, tokens in cache_blocks(body):
         end += tokens
         mark = block.get("cache_control") if isinstance(block, dict) else None
         if isinstance(mark, dict) and mark.get("ttl") == "1h":
@@ -312,15 +338,23 @@ def anthropic_routes(
     faults: Faults,
     planner: Planner,
     first_token_ms: float,
+    cache: PromptCache | None = None,
 ) -> list[Route]:
     """The Anthropic mode's routes, sharing the OpenAI mode's ground truth, faults and planner."""
+    received: deque[dict[str, Any]] = deque(maxlen=RECEIVED)
 
     async def messages(request: Request) -> Response:
         try:
             body = await request.json()
+            beta = request.headers.get("anthropic-beta")
+            received.append({"path": request.url.path, "anthropic_beta": beta, "body": body})
             check(request.headers, body)
             req = planning_request(body)
             plan = _plan(planner, req, body)
+            if cache is not None and not (plan.cache_read or plan.cache_write):
+                use = cache.use(cache_blocks(body), mark_last=body.get("cache_control") is not None)
+                if use is not None:
+                    plan = dataclasses.replace(plan, cache_read=use.read, cache_write=use.written)
         except Invalid as exc:
             return error(exc.status, str(exc))
         except ValueError as exc:
@@ -356,7 +390,11 @@ def anthropic_routes(
             return error(fault.status, f"injected error ({fault.status})")
         return JSONResponse({"input_tokens": anthropic_prompt_tokens(body)})
 
+    async def shown(_: Request) -> Response:
+        return JSONResponse(list(received))
+
     return [
+        Route("/mock/anthropic/received", shown, methods=["GET"]),
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     ]

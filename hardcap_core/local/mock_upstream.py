@@ -87,6 +87,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hardcap_core.local.mock_anthropic import anthropic_routes
+from hardcap_core.local.mock_cache import PromptCache
 from hardcap_core.local.mock_faults import Faults, apply_fault, hang, parse_fault, retry_headers
 from hardcap_core.local.mock_plan import ChatRequest, Plan, make_plan
 from hardcap_core.local.mock_replies import (
@@ -167,6 +168,7 @@ def create_mock_app(settings: MockSettings) -> Starlette:
     """The mock upstream as an ASGI app. Its `GroundTruth` is at `app.state.ground_truth`."""
     truth = GroundTruth()
     faults = Faults()
+    prompt_cache = PromptCache()
     rng = random.Random(settings.seed)
 
     def planner(req: ChatRequest) -> Plan:
@@ -221,6 +223,7 @@ def create_mock_app(settings: MockSettings) -> Starlette:
     async def reset(_: Request) -> Response:
         truth.reset()
         faults.set(None)
+        prompt_cache.clear()
         return JSONResponse({"ok": True})
 
     async def set_fault(request: Request) -> Response:
@@ -245,7 +248,7 @@ def create_mock_app(settings: MockSettings) -> Starlette:
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-            *anthropic_routes(truth, faults, planner, settings.first_token_ms),
+            *anthropic_routes(truth, faults, planner, settings.first_token_ms, prompt_cache),
             Route("/v1/models", models, methods=["GET"]),
             Route("/mock/ground-truth", ground_truth, methods=["GET"]),
             Route("/mock/requests", requests, methods=["GET"]),

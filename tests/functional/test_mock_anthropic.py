@@ -192,7 +192,7 @@ def test_the_bill_counts_images_tools_and_every_block() -> None:
         ({"x-api-key": "k"}, {}, 400, "invalid_request_error"),
         (HEADERS, {"max_tokens": None}, 400, "invalid_request_error"),
         (HEADERS, {"user": "x"}, 400, "invalid_request_error"),
-        (HEADERS, {"messages": [{"role": "system", "content": "x"}]}, 400, "invalid_request_error"),
+        (HEADERS, {"messages": [{"role": "tool", "content": "x"}]}, 400, "invalid_request_error"),
         (HEADERS, {"metadata": {"tenant": "x"}}, 400, "invalid_request_error"),
         (HEADERS, {"temperature": 1.5}, 400, "invalid_request_error"),
         (HEADERS, {"thinking": {"type": "enabled", "budget_tokens": 100}}, 400,

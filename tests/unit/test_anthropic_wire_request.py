@@ -54,7 +54,7 @@ def png(width: int, height: int) -> str:
         ({"model": "small", "max_tokens": 5, "messages": HI, "speed": "fast"}, "speed"),
         ({"model": "small", "max_tokens": 5, "messages": HI, "stream": "yes"}, "stream"),
         (
-            {"model": "small", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
+            {"model": "small", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]},
             "messages[0].role",
         ),
         (
