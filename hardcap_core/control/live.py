@@ -8,6 +8,12 @@ an instance, fastest first:
   admit of that hierarchy carries this copy's version and answers "stale" instead of reserving
   (``ConfigStale``), so the request reloads, authenticates again and is admitted under the new
   config. No call of its own: the check rides on the admit every billed request makes.
+* **A refusal this copy decides** (a disabled tenant or org, a route the tenant may not use):
+  such a request makes no admit, so before it is refused the hierarchy's published version is
+  read from the cache (:meth:`LiveConfig.refresh`: one GET, at most every :data:`RECHECK_S` per
+  hierarchy per instance) and, if newer, the config is read again and the request decided
+  again. A re-enabled tenant or a restored route is served within about a second; a request
+  that is admitted never makes this read.
 * **A key this copy has never seen** (a new key, of a new tenant perhaps): looked up once by its
   hash (one GetItem); a miss is remembered for :data:`MISS_TTL_S` so a stream of wrong keys
   cannot turn into a stream of table reads, and lookups are capped per second.
@@ -23,7 +29,7 @@ import asyncio
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from hardcap_core.auth import MAX_KEY_LENGTH, hash_key
@@ -36,6 +42,12 @@ POLL_S = 30.0  # the table's version is read at most this often (a backstop for 
 MISS_TTL_S = 2.0  # an unknown key is looked up again after this long
 MAX_MISSES = 10_000  # unknown keys remembered (the oldest forgotten first)
 LOOKUPS_PER_S = 20  # table lookups of unknown keys per second, per instance, at most
+RECHECK_S = 1.0  # a refused request reads its hierarchy's published version at most this often
+MAX_RECHECKED = 10_000  # hierarchies whose last recheck is remembered (the oldest forgotten)
+
+# The newest config version the admin published for a hierarchy (by its root's tag): the
+# ledger's ``published_config_version``, wired in when the gateway is built.
+VersionReader = Callable[[str], Awaitable[int]]
 
 
 def live_from_env(path: str) -> LiveConfig | None:
@@ -74,6 +86,8 @@ class LiveConfig:
         self._lookups: list[float] = []
         self._poll: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[Config], None]] = []
+        self._published: VersionReader | None = None
+        self._rechecked: OrderedDict[str, float] = OrderedDict()
 
     @property
     def version(self) -> int:
@@ -83,6 +97,38 @@ class LiveConfig:
     def on_change(self, listener: Callable[[Config], None]) -> None:
         """Call ``listener`` with each new config (what holds a config besides the gateway)."""
         self._listeners.append(listener)
+
+    def watch(self, published: VersionReader) -> None:
+        """Read the versions the admin publishes per hierarchy with ``published`` (the
+        gateway's ledger), so that a refused request can learn this copy is stale."""
+        self._published = published
+
+    async def refresh(self, root_tag: str) -> bool:
+        """Whether the config was read again because the admin published a newer version for
+        the hierarchy ``root_tag`` (``o:acme``, ``t:beta``) than this copy holds: what a request
+        about to be refused for a reason the config decides asks first. At most one read of the
+        cache per hierarchy every :data:`RECHECK_S` (False without I/O in between); False too
+        when the cache or the table cannot be read (the request is decided by this copy, and
+        the poll stays the backstop)."""
+        if self._published is None:
+            return False
+        now = time.monotonic()
+        last = self._rechecked.get(root_tag)
+        if last is not None and now - last < RECHECK_S:
+            return False
+        self._rechecked[root_tag] = now
+        self._rechecked.move_to_end(root_tag)
+        while len(self._rechecked) > MAX_RECHECKED:
+            self._rechecked.popitem(last=False)
+        try:
+            version = await self._published(root_tag)
+            if version <= self.state.version:
+                return False
+            await self.reload(version)
+        except HardcapError:
+            logger.warning("could not learn whether the config changed", exc_info=True)
+            return False
+        return True
 
     def load(self) -> Config:
         """Read the table and build the config (blocking: at start, in a worker thread later)."""

@@ -154,6 +154,8 @@ class Runtime:
                 raise ServiceUnavailable("The configuration table is unreachable.") from e
         config = self.config if live is None or live.config is None else live.config
         ledger, fallback = _ledger(client, config)
+        if live is not None:
+            live.watch(ledger.published_config_version)  # a refusal's check of its copy
         if live is not None and fallback is not None:
             # A lost cache is restored for the hierarchies the live config has now.
             counters: Any = ledger.counters

@@ -149,6 +149,8 @@ class Gateway:
         deadline = _deadline(request)  # read once: the queue and the stream stop before it
         wait_until = None if deadline is None else deadline - QUEUE_MARGIN_S
         for attempt in range(STALE_RETRIES + 1):
+            if not principal.allows(chat.model):  # refused, unless this copy is stale
+                principal = await self.callers.allowing(principal, chat.model, request)
             principal = self.callers.for_request(principal, chat)
             route = self.route_for(chat.model, principal)
             check_pdf_pages(chat.body, route.max_pdf_pages)  # a 400 past the route's cap

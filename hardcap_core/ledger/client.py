@@ -326,6 +326,13 @@ class Ledger:
             )
             await guarded(self.scripts.config_version(keys=keys, args=args))
 
+    async def published_config_version(self, root: str) -> int:
+        """The newest config version published for the hierarchy whose root's tag is ``root``
+        (0: none yet): what a request the live config would refuse reads, having no admit to
+        learn it from (``control/live.py``)."""
+        raw = await guarded(self.client.get(self.keys.config_version(root)))
+        return int(raw or 0)
+
     async def usage(self, scope: Scope, *, rates: bool = False) -> Usage:
         """Used, reserved and reset of every budget in ``scope`` (expired holds reclaimed first),
         and the live reservations of each of its levels (its tenant's as ``live_reservations``);
