@@ -161,7 +161,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "live_config_propagation",
         "budget",
         "live_config_propagation",
-        "how soon a config edit (new key, lowered budget, revoked key) reaches the gateways",
+        "how soon a config edit (new key, tenant disabled and enabled, routes emptied and "
+        "restored, lowered budget, revoked key) reaches the gateways",
         ("hardcap_core/control", "hardcap_core/gateway"),
         (
             Result(

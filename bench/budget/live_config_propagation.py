@@ -1,10 +1,14 @@
 """How long a live config change takes to apply on every gateway instance.
 
 Two ``hardcap serve`` processes share one Valkey and one config table (moto's DynamoDB, in this
-process); the admin service runs here as the admin API would. Each round makes three changes and
+process); the admin service runs here as the admin API would. Each round makes seven changes and
 times, per instance, from the admin call's return to the first request that sees the change:
 
 * a new key: until the first 200 with it (the instance has never seen it: one table lookup);
+* the tenant disabled: until the first 403 (the admit finds the copy stale);
+* the tenant enabled again: until the first 200 (the refusal finds the copy stale);
+* the tenant's routes emptied: until the first 403 (the admit finds the copy stale);
+* the tenant's routes restored: until the first 200 (the refusal finds the copy stale);
 * a lowered budget: until the first 429 (the admit finds the copy stale, it reloads);
 * the key revoked: until the first 401.
 
@@ -60,7 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--out", type=Path, required=True)
     ns = p.parse_args(argv)
-    times: dict[str, list[float]] = {"new_key": [], "lowered_budget": [], "revoked_key": []}
+    times: dict[str, list[float]] = {
+        change: []
+        for change in (
+            "new_key", "disabled_tenant", "reenabled_tenant", "emptied_routes",
+            "restored_routes", "lowered_budget", "revoked_key",
+        )
+    }  # fmt: skip
     with (
         LocalValkey() as valkey,
         LocalAws(table="prop-usage", config_table="prop-config") as aws,
@@ -98,6 +108,14 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     key = admin(lambda a, t=tenant: a.create_key(WHO, {"tenant": t}))["key"]
                     times["new_key"] += [until(b, key, 200) for b in urls]
+                    admin(lambda a, t=tenant: a.disable_tenant(WHO, t))
+                    times["disabled_tenant"] += [until(b, key, 403) for b in urls]
+                    admin(lambda a, t=tenant: a.enable_tenant(WHO, t))
+                    times["reenabled_tenant"] += [until(b, key, 200) for b in urls]
+                    admin(lambda a, t=tenant: a.update_tenant(WHO, t, {"routes": []}))
+                    times["emptied_routes"] += [until(b, key, 403) for b in urls]
+                    admin(lambda a, t=tenant: a.update_tenant(WHO, t, {"routes": None}))
+                    times["restored_routes"] += [until(b, key, 200) for b in urls]
                     admin(lambda a, t=tenant: a.set_budget(WHO, {
                         "level": "tenant", "id": t, "dimension": "total_tokens",
                         "window": "day", "limit": 1}))  # fmt: skip

@@ -9,6 +9,10 @@ from bench.lib.report_format import num
 
 CHANGES = (
     ("new_key", "a new key: until its first 200"),
+    ("disabled_tenant", "the tenant disabled: until the first 403"),
+    ("reenabled_tenant", "the tenant enabled again: until the first 200"),
+    ("emptied_routes", "the tenant's routes emptied: until the first 403"),
+    ("restored_routes", "the tenant's routes restored: until the first 200"),
     ("lowered_budget", "a lowered budget: until the first 429"),
     ("revoked_key", "a revoked key: until the first 401"),
 )
