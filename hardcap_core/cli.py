@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hardcap_core import env
+from hardcap_core.config.settings import ROLLUP_INTERVAL_SECONDS
 from hardcap_core.local.admin_command import ADMIN_TOKEN
 from hardcap_core.local.notify_local import NOTIFY_URL_ENV
-from hardcap_core.local.rollup_timer import DEFAULT_INTERVAL_S
 from hardcap_core.local.servers import UVICORN_OPTIONS, Terminated, stop_on_sigterm
 from hardcap_core.local.usage_command import add_usage_arguments, usage_command
 
@@ -66,9 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument(
         "--rollup-interval",
         type=_positive_seconds,
-        default=DEFAULT_INTERVAL_S,
+        default=ROLLUP_INTERVAL_SECONDS,
         metavar="SECONDS",
-        help=f"seconds between rollups (default {DEFAULT_INTERVAL_S:g})",
+        help="seconds from the start of one rollup pass to the next (default "
+        f"{ROLLUP_INTERVAL_SECONDS:g})",
     )
     serve.add_argument(
         "--admin-token",
@@ -217,7 +218,7 @@ def serve_command(
     port: int,
     *,
     rollup: bool = True,
-    rollup_interval_s: float = DEFAULT_INTERVAL_S,
+    rollup_interval_s: float = ROLLUP_INTERVAL_SECONDS,
     admin_token: str | None = None,
     notify_url: str | None = None,
 ) -> int:

@@ -38,6 +38,17 @@ UnseenOutput = Literal["none", "summarized_thinking", "silent_reasoning"]
 SDK_RETRY_AFTER_MAX_SECONDS = 60
 
 
+# The rollup's cadence, on AWS and in `hardcap serve` alike (hardcap_core/rollup/run.py,
+# `paced_passes`): a pass starts every ROLLUP_INTERVAL_SECONDS from the start of the one before,
+# so a lost cache forgets at most about that much settled usage (docs/design.md, "Losing the
+# cache"); a full pass (kept settles charged, every tenant's thresholds and budget use checked)
+# comes first and then once every ROLLUP_FULL_SECONDS — on AWS, each invocation's first, and the
+# template's RollupSchedule invokes the function every minute. Not config fields: the rollup is
+# not the gateway's section, and `hardcap serve --rollup-interval` sets the local one.
+ROLLUP_INTERVAL_SECONDS = 5.0
+ROLLUP_FULL_SECONDS = 60.0
+
+
 @dataclass(frozen=True, slots=True)
 class BreakerSettings:
     """A circuit breaker per upstream, its state shared by every instance through the cache."""

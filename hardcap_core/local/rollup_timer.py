@@ -1,11 +1,15 @@
 """The rollup on a timer, for local runs: what the EventBridge schedule does on AWS.
 
-``hardcap serve`` and ``hardcap demo`` start one next to the gateway. It runs
-:func:`hardcap_core.rollup.run.run_rollup` every few seconds (on AWS the function invoked every
-minute runs a pass every 5 s: :func:`hardcap_core.rollup.run.rollup_loop`) in a thread of its
-own, with its own event loop and its own cache client, so a slow DynamoDB call never stalls a
-request. A run that fails is logged and the next one tries again, as the next pass would.
-:meth:`stop` runs one last rollup, so what was settled before the process exits is in the table.
+``hardcap serve`` and ``hardcap demo`` start one next to the gateway. It keeps the cadence the
+function on AWS keeps (:func:`hardcap_core.rollup.run.paced_passes`, which both run): a pass of
+:func:`hardcap_core.rollup.run.run_rollup` starts every ``interval_s`` from the start of the one
+before, and only the first and then one a minute are full (kept settles charged, every
+tenant's thresholds checked: what each invocation's first pass does on AWS), so a pass where
+nothing was settled is one ``XLEN`` per hierarchy and a lost cache forgets about one interval
+(docs/design.md, "Losing the cache"). It runs in a thread of its own, with its own event loop
+and its own cache client, so a slow DynamoDB call never stalls a request. A pass that fails is
+logged and the next one tries again (and is full in its place). :meth:`stop` runs one last
+rollup, so what was settled before the process exits is in the table.
 
 Not shipped to Lambda (the artifact leaves ``hardcap_core/local/`` out).
 """
@@ -13,9 +17,12 @@ Not shipped to Lambda (the artifact leaves ``hardcap_core/local/`` out).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import uuid
 from typing import TYPE_CHECKING, Any
 
+from hardcap_core.config.settings import ROLLUP_FULL_SECONDS, ROLLUP_INTERVAL_SECONDS
 from hardcap_core.logs import logger
 
 if TYPE_CHECKING:
@@ -25,18 +32,16 @@ if TYPE_CHECKING:
     from hardcap_core.rollup.run import RollupReport
     from hardcap_core.rollup.table import UsageTable
 
-DEFAULT_INTERVAL_S = 5.0
-
 
 class RollupTimer:
-    """``run_rollup`` every ``interval_s`` seconds until :meth:`stop`, then once more."""
+    """A rollup pass every ``interval_s`` seconds until :meth:`stop`, then once more."""
 
     def __init__(
         self,
         config: Config,
         table: UsageTable,
         *,
-        interval_s: float = DEFAULT_INTERVAL_S,
+        interval_s: float = ROLLUP_INTERVAL_SECONDS,
         live: LiveConfig | None = None,
         notifier: Notifier | None = None,
     ) -> None:
@@ -48,6 +53,7 @@ class RollupTimer:
         self.interval_s = interval_s
         self.notifier = notifier  # where threshold notifications go (None: not checked)
         self.runs = 0  # completed runs, failed or not
+        self.owner = f"local-{uuid.uuid4().hex[:12]}"  # the streams' lease holder, every pass
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
@@ -65,7 +71,8 @@ class RollupTimer:
         return self
 
     def run_now(self, timeout_s: float = 60.0) -> RollupReport:
-        """Run one rollup now (between the timer's runs, never during one); raises its error."""
+        """Run one full rollup pass now (between the timer's passes, never during one); raises
+        its error."""
         loop = self._running_loop()
         return asyncio.run_coroutine_threadsafe(self._run_once(), loop).result(timeout_s)
 
@@ -96,30 +103,39 @@ class RollupTimer:
         asyncio.run(self._serve())
 
     async def _serve(self) -> None:
+        from hardcap_core.rollup.run import paced_passes
+
         self._loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
+        stopping = self._stopping = asyncio.Event()
         self._lock = asyncio.Lock()
         self._ready.set()
         try:
-            while not self._stopping.is_set():
-                try:
-                    await asyncio.wait_for(self._stopping.wait(), self.interval_s)
-                except TimeoutError:
-                    await self._run_logged()
-            await self._run_logged()  # the last one: what settled before the stop is kept
+            await self._pause(self.interval_s)  # the first pass one interval after the start
+            await paced_passes(self._run_logged, interval_s=self.interval_s,
+                               full_every_s=ROLLUP_FULL_SECONDS, sleep=self._pause,
+                               stopped=stopping.is_set)  # fmt: skip
+            await self._run_logged(True)  # the last one: what settled before the stop is kept
         finally:
             if self._client is not None:
                 await self._client.aclose()
 
-    async def _run_logged(self) -> None:
+    async def _pause(self, seconds: float) -> None:
+        """Wait ``seconds``, or less if the timer is stopped meanwhile."""
+        assert self._stopping is not None
+        with contextlib.suppress(TimeoutError):  # the pause ran out: time for the next pass
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    async def _run_logged(self, full: bool, started: float = 0.0) -> RollupReport | None:
+        """A pass, its error logged (None then)."""
         try:
-            await self._run_once()
+            return await self._run_once(full)
         except Exception:
             # As the next scheduled invocation would on AWS, the next run tries again: the
             # streams keep what this one did not apply.
             logger.exception("rollup failed; the next run retries")
+            return None
 
-    async def _run_once(self) -> RollupReport:
+    async def _run_once(self, full: bool = True) -> RollupReport:
         from hardcap_core.rollup.notify import Notifications
         from hardcap_core.rollup.run import run_rollup
 
@@ -130,6 +146,7 @@ class RollupTimer:
                 if self._notifications is None and self.notifier is not None:
                     self._notifications = Notifications(self.notifier, f"local-{id(self):x}")
                 report = await run_rollup(config, await self._cache(), self.table,
+                                          first_pass=full, owner=self.owner,
                                           notifications=self._notifications)  # fmt: skip
             finally:
                 self.runs += 1
@@ -143,6 +160,7 @@ class RollupTimer:
                 "lag_s": report.lag_s,
                 "stalled": report.stalled,
                 "notified": report.notified,
+                "full": full,
             },
         )
         return report

@@ -19,6 +19,7 @@ pass (docs/design.md, "Losing the cache"). A pass over a stream with no entries 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 
 from hardcap_core.budgets import Level, LevelKind
 from hardcap_core.config import Config
+from hardcap_core.config.settings import ROLLUP_INTERVAL_SECONDS
 from hardcap_core.errors import DurableStoreUnavailable, HardcapError, LedgerUnavailable
 from hardcap_core.ledger import Ledger
 from hardcap_core.logs import logger
@@ -42,8 +44,9 @@ BATCH = 1000  # entries read per call
 BUDGET_S = 40.0
 # Passes of one invocation start this often, until RESERVE_S before its timeout: a cache that
 # loses its data forgets at most what arrived since the last pass (~5 s, ~11 s across the
-# boundary between two invocations of the one-minute schedule).
-INTERVAL_S = 5.0
+# boundary between two invocations of the one-minute schedule). One source for it and for
+# `hardcap serve`'s timer: config/settings.py.
+INTERVAL_S = ROLLUP_INTERVAL_SECONDS
 RESERVE_S = 6.0
 
 
@@ -101,6 +104,42 @@ def chunks(records: Sequence[UsageRecord]) -> Iterator[Chunk]:
         yield chunk
 
 
+async def paced_passes(
+    one_pass: Callable[[bool, float], Awaitable[RollupReport | None]],
+    *,
+    interval_s: float,
+    until: float = math.inf,
+    full_every_s: float = math.inf,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    stopped: Callable[[], bool] = lambda: False,
+    clock: Callable[[], float] = time.monotonic,
+) -> RollupReport | None:
+    """The rollup's cadence, the Lambda's invocation's and ``hardcap serve``'s timer's alike:
+    ``one_pass(full, started)`` started every ``interval_s`` from the start of the one before
+    (at once after one that ran longer), until the next would start at or past ``until``
+    (``time.monotonic``) or ``stopped()`` is true after a ``sleep`` (which may return early).
+    ``full`` for the first pass that goes through, and again once ``full_every_s`` passed
+    since the last full one; a pass that failed returns None, so the next is full in its
+    place. The reports added up (None: not one went through)."""
+    total: RollupReport | None = None
+    full_at = -math.inf  # when the last full pass that went through started
+    while not stopped():
+        started = clock()
+        full = total is None or started - full_at >= full_every_s
+        report = await one_pass(full, started)
+        if report is not None:
+            full_at = started if full else full_at
+            if total is None:
+                total = report
+            else:
+                total.add(report)
+        next_at = max(started + interval_s, clock())  # a long pass ran into it
+        if next_at >= until:
+            break
+        await sleep(next_at - clock())
+    return total
+
+
 async def rollup_loop(
     config: Config,
     client: object,
@@ -115,38 +154,33 @@ async def rollup_loop(
     notifications: Notifications | None = None,
 ) -> RollupReport:
     """Passes of :func:`run_rollup` every ``interval_s`` (:data:`INTERVAL_S`) until ``until``
-    (``time.monotonic``): the first replays kept settles and reports budgets; none starts past
-    ``until``."""
+    (``time.monotonic``), as :func:`paced_passes` paces them: the first replays kept settles
+    and reports budgets; none starts past ``until``."""
     from hardcap_core.rollup.restore import durable_ledger
 
     interval = INTERVAL_S if interval_s is None else interval_s
-    ledger = ledger or durable_ledger(client, config, table)
+    durable = ledger or durable_ledger(client, config, table)
     owner = f"run-{uuid.uuid4().hex[:12]}"
-    total: RollupReport | None = None
     failed: HardcapError | None = None
-    while True:
-        started = time.monotonic()
+
+    async def one_pass(full: bool, started: float) -> RollupReport | None:
+        nonlocal failed
         try:
-            report = await run_rollup(config, client, table, metrics=metrics, ledger=ledger,
-                                      batch=batch, budget_s=max(until - started, 0),
-                                      first_pass=total is None, owner=owner,
-                                      notifications=notifications)  # fmt: skip
+            return await run_rollup(config, client, table, metrics=metrics, ledger=durable,
+                                    batch=batch, budget_s=max(until - started, 0),
+                                    first_pass=full, owner=owner,
+                                    notifications=notifications)  # fmt: skip
         except (DurableStoreUnavailable, LedgerUnavailable) as e:
             # As the next invocation would, the next pass tries again: the streams keep what
             # this one did not apply.
             logger.warning("rollup pass failed; the next one retries", extra={"error": str(e)})
             failed = e
-        else:
-            if total is None:
-                total = report
-            else:
-                total.add(report)
-        next_at = max(started + interval, time.monotonic())  # a long pass ran into it
-        if next_at >= until:
-            if total is None and failed is not None:
-                raise failed  # not one pass went through: the invocation failed
-            return total or RollupReport(passes=0)
-        await sleep(next_at - time.monotonic())
+            return None
+
+    total = await paced_passes(one_pass, interval_s=interval, until=until, sleep=sleep)
+    if total is None and failed is not None:
+        raise failed  # not one pass went through: the invocation failed
+    return total or RollupReport(passes=0)
 
 
 async def run_rollup(
