@@ -143,8 +143,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "flush_gap",
         "budget",
         "flush_gap",
-        "what a cache loss right after spending grants, the rollup's flush at the worst moment",
-        (*LEDGER, "hardcap_core/rollup"),
+        "what a cache loss right after spending grants, the flush at the worst moment for the "
+        "Lambda's rollup and for hardcap serve's timer",
+        (*LEDGER, "hardcap_core/rollup", "hardcap_core/local/rollup_timer.py"),
         (Result("flush-gap.json", "", "README.md; docs/design.md (cache loss)"),),
         quick=False,
     ),

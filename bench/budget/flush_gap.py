@@ -6,7 +6,10 @@ rollup moves its usage records into DynamoDB (moto, in this process) on a cadenc
 
 * ``before``: one pass per scheduled invocation, once a minute (the rollup until this change);
 * ``after``: passes every ``INTERVAL_S`` until ``RESERVE_S`` before the function's ``Timeout``
-  (hardcap_core/rollup/run.py, infra/template.yaml), invocations once a minute.
+  (hardcap_core/rollup/run.py, infra/template.yaml), invocations once a minute;
+* ``serve``: ``hardcap serve``'s rollup timer (hardcap_core/local/rollup_timer.py, its thread
+  and cache client), which keeps the same cadence with no invocations: a pass every
+  ``INTERVAL_S`` from the start of the one before; the cache is flushed just before a pass.
 
 The schedule is set so the budget runs out just before a drain that follows the longest gap
 between two drains, and the cache is flushed (``FLUSHALL``) just before that drain: every record
@@ -42,12 +45,15 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 from bench.lib.machine import machine_info, write_json
 from hardcap_core.auth import hash_key
 from hardcap_core.config import Config, parse_config
+from hardcap_core.config.settings import ROLLUP_FULL_SECONDS
 from hardcap_core.ledger import Admitted, Ledger, Refused, ReservationMeta
 from hardcap_core.ledger.connection import connect
 from hardcap_core.local.aws import OneCallAtATime
+from hardcap_core.local.rollup_timer import RollupTimer
 from hardcap_core.local.valkey import LocalValkey
 from hardcap_core.rollup import run as rollup
 from hardcap_core.rollup.restore import durable_ledger
+from hardcap_core.rollup.run import RollupReport
 from hardcap_core.rollup.table import UsageTable, create_table
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -137,6 +143,21 @@ class Schedule:
         self.trial.drains.append(time.monotonic() - self.t0)
 
 
+class TimedTimer(RollupTimer):
+    """``hardcap serve``'s timer, telling the trial when each pass began and when the next
+    will (a pass starts an interval after the one before began)."""
+
+    def __init__(self, trial: Trial, t0: float, schedule: Schedule, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.trial, self.t0, self.schedule = trial, t0, schedule
+
+    async def _run_once(self, full: bool = True) -> RollupReport:
+        began = time.monotonic()
+        self.trial.drains.append(began - self.t0)
+        self.schedule.next_drain = began + self.interval_s
+        return await super()._run_once(full)
+
+
 async def one_trial(trial: Trial, server: LocalValkey, table: UsageTable) -> None:
     s = trial.scale
     admin = await connect(server.url)
@@ -165,7 +186,14 @@ async def one_trial(trial: Trial, server: LocalValkey, table: UsageTable) -> Non
             await rollup.run_rollup(cfg, cache, table, ledger=rolled, **kwargs)
 
     schedule = Schedule(trial, first, t0, run)
-    serving = asyncio.get_running_loop().create_task(schedule.serve())
+    timer: RollupTimer | None = None
+    if trial.cadence == "serve":  # the timer in its own thread, as `hardcap serve` runs it
+        timer = TimedTimer(trial, t0, schedule, cfg, table, interval_s=rollup.INTERVAL_S * s,
+                           full_every_s=ROLLUP_FULL_SECONDS * s).start()  # fmt: skip
+        schedule.next_drain = t0 + rollup.INTERVAL_S * s
+        serving = asyncio.get_running_loop().create_task(schedule.stopped.wait())
+    else:
+        serving = asyncio.get_running_loop().create_task(schedule.serve())
     flushed = asyncio.Event()
 
     async def flush_at_the_worst_moment() -> None:
@@ -199,14 +227,16 @@ async def one_trial(trial: Trial, server: LocalValkey, table: UsageTable) -> Non
     schedule.stopped.set()
     serving.cancel()
     await asyncio.gather(serving, return_exceptions=True)
+    if timer is not None:
+        await asyncio.to_thread(timer.stop)
     await cache.aclose()
     await admin.aclose()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cadence", choices=("before", "after"), action="append",
-                   help="default: both")  # fmt: skip
+    p.add_argument("--cadence", choices=("before", "after", "serve"), action="append",
+                   help="default: all three")  # fmt: skip
     p.add_argument(
         "--spend-seconds",
         type=float,
@@ -236,12 +266,12 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
 
     spends = sorted({r["spend_seconds"] for r in rows})
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, cadence in enumerate(("before", "after")):
+    for i, cadence in enumerate(("before", "after", "serve")):
         got = {
             r["spend_seconds"]: r["granted_over_budget"] for r in rows if r["cadence"] == cadence
         }
-        xs = [j + (i - 0.5) * 0.38 for j, sp in enumerate(spends) if sp in got]
-        ax.bar(xs, [100 * got[sp] for sp in spends if sp in got], width=0.36, label=cadence)
+        xs = [j + (i - 1) * 0.27 for j, sp in enumerate(spends) if sp in got]
+        ax.bar(xs, [100 * got[sp] for sp in spends if sp in got], width=0.25, label=cadence)
     ax.axhline(100, color="black", linewidth=0.8)
     ax.set_xticks(range(len(spends)), [f"budget spent in {sp:g} s" for sp in spends])
     ax.set_ylabel("granted, % of the budget")
@@ -253,7 +283,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
-    cadences = ns.cadence or ["before", "after"]
+    cadences = ns.cadence or ["before", "after", "serve"]
     spends = ns.spend_seconds or [60.0, 120.0]
     trials = [Trial(c, s, ns.scale, ns.budget, ns.request_tokens) for s in spends for c in cadences]
     with mock_aws(), LocalValkey() as server:
@@ -283,11 +313,13 @@ def main(argv: list[str] | None = None) -> int:
                 "reserve_s": rollup.RESERVE_S,
                 "timeout_s": TIMEOUT_S,
             },
+            "serve": {"interval_s": rollup.INTERVAL_S, "full_every_s": ROLLUP_FULL_SECONDS},
         },
         "notes": [
             "granted_over_budget is what the tenant was granted in all over its budget; times "
             "(_s) are in unscaled seconds after the tenant began; the flush came just before "
-            "the first drain of an invocation, a whole gap after the previous drain.",
+            "the first drain of an invocation, a whole gap after the previous drain (serve: "
+            "just before a pass of hardcap serve's timer).",
         ],
         "trials": rows,
     }

@@ -42,6 +42,7 @@ class RollupTimer:
         table: UsageTable,
         *,
         interval_s: float = ROLLUP_INTERVAL_SECONDS,
+        full_every_s: float = ROLLUP_FULL_SECONDS,
         live: LiveConfig | None = None,
         notifier: Notifier | None = None,
     ) -> None:
@@ -51,6 +52,7 @@ class RollupTimer:
         self.live = live  # read again each run: tenants made by the admin API are rolled up
         self.table = table
         self.interval_s = interval_s
+        self.full_every_s = full_every_s  # a full pass again after this long (as each invocation)
         self.notifier = notifier  # where threshold notifications go (None: not checked)
         self.runs = 0  # completed runs, failed or not
         self.owner = f"local-{uuid.uuid4().hex[:12]}"  # the streams' lease holder, every pass
@@ -112,7 +114,7 @@ class RollupTimer:
         try:
             await self._pause(self.interval_s)  # the first pass one interval after the start
             await paced_passes(self._run_logged, interval_s=self.interval_s,
-                               full_every_s=ROLLUP_FULL_SECONDS, sleep=self._pause,
+                               full_every_s=self.full_every_s, sleep=self._pause,
                                stopped=stopping.is_set)  # fmt: skip
             await self._run_logged(True)  # the last one: what settled before the stop is kept
         finally:
