@@ -254,6 +254,8 @@ def create_app(
         (see :mod:`hardcap_core.wire.anthropic_count`). Authenticated and held to the key's
         routes like a message; not charged (only a route with ``count_api`` asks upstream)."""
         counted = parse_messages_request(await gw.read_body(request), counting=True)
+        if not who.allows(counted.model):  # refused, unless this copy is stale (callers.py)
+            who = await gw.callers.allowing(who, counted.model, request)
         route = gw.route_for(counted.model, who)  # raises for a model unknown or not allowed
         headers = await gw.headers_for(who, wire)
         tokens = await gw.counts.reported(route, counted)  # the route's tokenizer's, if it has one

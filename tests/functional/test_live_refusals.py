@@ -164,3 +164,30 @@ async def test_refusals_read_the_published_version_at_most_once_a_second(
         assert await chat(one, "open") == 403
     elapsed = time.monotonic() - started
     assert len(one.reads) <= elapsed / RECHECK_S + 1  # 50 refusals, not 50 reads
+
+
+async def count(instance: Instance, tenant: str) -> int:
+    reply = await instance.http.post(
+        "/v1/messages/count_tokens",
+        json={"model": "small", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-api-key": KEYS[tenant], "anthropic-version": "2023-06-01"},
+    )
+    return reply.status_code
+
+
+async def test_a_restored_route_counts_tokens_again_on_every_instance(
+    stack: tuple[Admin, list[Instance]],
+) -> None:
+    """count_tokens is held to the tenant's routes like a message, and makes no admit."""
+    admin, instances = stack
+    for i in instances:
+        assert await count(i, "beta") == 200
+    await admin.update_tenant(WHO, "beta", {"routes": []})
+    for i in instances:
+        await until(i, "beta", 403, "small")  # chat's admit finds the copy stale
+        assert await count(i, "beta") == 403
+    await admin.update_tenant(WHO, "beta", {"routes": ["small"]})
+    started = time.monotonic()
+    for i in instances:
+        while (got := await count(i, "beta")) != 200:
+            assert time.monotonic() - started < GOAL_S, f"still {got} after 5 s"
