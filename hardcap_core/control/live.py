@@ -88,6 +88,7 @@ class LiveConfig:
         self._listeners: list[Callable[[Config], None]] = []
         self._published: VersionReader | None = None
         self._rechecked: OrderedDict[str, float] = OrderedDict()
+        self._checks: dict[str, asyncio.Task[bool]] = {}  # by root tag: reads under way
 
     @property
     def version(self) -> int:
@@ -107,19 +108,29 @@ class LiveConfig:
         """Whether the config was read again because the admin published a newer version for
         the hierarchy ``root_tag`` (``o:acme``, ``t:beta``) than this copy holds: what a request
         about to be refused for a reason the config decides asks first. At most one read of the
-        cache per hierarchy every :data:`RECHECK_S` (False without I/O in between); False too
-        when the cache or the table cannot be read (the request is decided by this copy, and
-        the poll stays the backstop)."""
+        cache per hierarchy every :data:`RECHECK_S`: a request that asks while one is under way
+        waits for its answer, one that asks later in that second is answered False without I/O.
+        False too when the cache or the table cannot be read (the request is decided by this
+        copy, and the poll stays the backstop)."""
         if self._published is None:
             return False
-        now = time.monotonic()
-        last = self._rechecked.get(root_tag)
-        if last is not None and now - last < RECHECK_S:
-            return False
-        self._rechecked[root_tag] = now
-        self._rechecked.move_to_end(root_tag)
-        while len(self._rechecked) > MAX_RECHECKED:
-            self._rechecked.popitem(last=False)
+        pending = self._checks.get(root_tag)
+        if pending is None:
+            now = time.monotonic()
+            last = self._rechecked.get(root_tag)
+            if last is not None and now - last < RECHECK_S:
+                return False
+            self._rechecked[root_tag] = now
+            self._rechecked.move_to_end(root_tag)
+            while len(self._rechecked) > MAX_RECHECKED:
+                self._rechecked.popitem(last=False)
+            pending = asyncio.get_running_loop().create_task(self._recheck(root_tag))
+            self._checks[root_tag] = pending
+            pending.add_done_callback(lambda _: self._checks.pop(root_tag, None))
+        return await asyncio.shield(pending)  # a caller that gives up leaves it to the others
+
+    async def _recheck(self, root_tag: str) -> bool:
+        assert self._published is not None
         try:
             version = await self._published(root_tag)
             if version <= self.state.version:

@@ -67,27 +67,27 @@ class Callers:
         """The principal of the request's credential: 401 without one or for one nobody
         knows, 403 for a disabled tenant or a token no tenant accepts. A disabled tenant's
         request asks first whether this copy of the config is stale (:meth:`LiveConfig.refresh`)
-        and is decided again by the new one if it is: an enabled tenant is served at once."""
+        and is decided by the copy as it is then: an enabled tenant is served at once."""
         principal = await self._find(request)
-        if principal.disabled and await self._stale(principal):
+        if principal.disabled and self.live is not None:
+            await self.live.refresh(principal.scope.root.tag)
+            # Found again whatever the answer: another request may have reloaded the copy
+            # since this one was found (no I/O for a key the copy knows).
             principal = await self._find(request)
         if principal.disabled:
             raise PermissionDenied(f"Tenant '{principal.tenant_id}' is disabled.")
         return principal
 
     async def allowing(self, principal: Principal, route: str, request: Request) -> Principal:
-        """``principal``, or the request's principal under a config read again when this one
-        may not use ``route`` and the copy it came from is stale (a route the admin allowed
-        since): called only for a request about to be refused, so an allowed one pays
-        nothing. The caller decides then, with the principal returned."""
-        if principal.allows(route) or not await self._stale(principal):
+        """``principal``, or the request's principal as the copy has it after asking whether it
+        is stale, when ``principal`` may not use ``route`` (a route the admin may have allowed
+        since): called only for a request about to be refused, so an allowed one pays nothing.
+        The caller decides then, with the principal returned."""
+        if principal.allows(route) or self.live is None:
             return principal
+        await self.live.refresh(principal.scope.root.tag)
+        # Found again whatever the answer: the copy may have changed while the body was read.
         return await self.principal(request)
-
-    async def _stale(self, principal: Principal) -> bool:
-        """Whether the config was read again because its copy was older than what the admin
-        published for ``principal``'s hierarchy (rate-limited per hierarchy: live.py)."""
-        return self.live is not None and await self.live.refresh(principal.scope.root.tag)
 
     async def _find(self, request: Request) -> Principal:
         credential = bearer_token(request.headers.get("authorization")) or request.headers.get(

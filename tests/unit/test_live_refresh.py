@@ -4,6 +4,7 @@ only when it is newer, and a refusal decided by this copy when the cache or the 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -78,3 +79,23 @@ async def test_an_unreachable_cache_or_table_leaves_the_copy_to_decide(
     assert [r.getMessage() for r in caplog.records].count(
         "could not learn whether the config changed"
     ) == 2
+
+
+async def test_requests_that_ask_during_a_read_wait_for_its_answer() -> None:
+    """A burst of refused requests meeting a re-enable: one read, and every one of them is
+    decided by the new copy (not only the first)."""
+    store, published = Store(), Published()
+    gate = asyncio.Event()
+    copy = live(store)
+    published.version = store.version = 5
+
+    async def slow(root: str) -> int:
+        await gate.wait()
+        return await published(root)
+
+    copy.watch(slow)
+    asking = [asyncio.create_task(copy.refresh("t:open")) for _ in range(5)]
+    await asyncio.sleep(0)
+    gate.set()
+    assert await asyncio.gather(*asking) == [True] * 5
+    assert published.reads == ["t:open"] and store.loads == 2
