@@ -63,6 +63,8 @@ from hardcap_core.wire.anthropic_messages import AnthropicMessages
 from hardcap_core.wire.anthropic_request import parse_messages_request
 from hardcap_core.wire.base import WireFormat
 from hardcap_core.wire.openai_chat import OpenAIChat
+from hardcap_core.wire.openai_responses import OpenAIResponses
+from hardcap_core.wire.openai_responses_request import parse_openai_body
 
 if TYPE_CHECKING:
     from hardcap_core.control.live import LiveConfig
@@ -70,6 +72,7 @@ if TYPE_CHECKING:
 Handler = Callable[[Gateway, Request, Principal, WireFormat], Awaitable[Response]]
 OPENAI = OpenAIChat()
 ANTHROPIC = AnthropicMessages()
+RESPONSES = OpenAIResponses()
 # Paths whose 404 and 405 answer in Anthropic's error shape (its SDKs read no other).
 ANTHROPIC_PATHS = "/v1/messages"
 CLIENT_CLOSED_REQUEST = 499  # the status logged for a client that left (nginx's convention)
@@ -265,7 +268,9 @@ def create_app(
         authenticated and parsed like a chat request; calls no upstream, reserves nothing."""
         from hardcap_core.gateway.quote import quote as quote_request  # on the first quote
 
-        body = await quote_request(gw, await gw.read_body(request), who, wire.parse)
+        # OpenAI's own path takes a chat-completions body or a Responses one.
+        parse = parse_openai_body if wire is OPENAI else wire.parse
+        body = await quote_request(gw, await gw.read_body(request), who, parse)
         return JSONResponse(body, headers=await gw.headers_for(who, wire))
 
     async def open_lease(
@@ -321,6 +326,7 @@ def create_app(
         routes=[
             Route("/v1/chat/completions", endpoint(chat, OPENAI), methods=["POST"]),
             Route("/v1/messages", endpoint(chat, ANTHROPIC), methods=["POST"]),
+            Route("/v1/responses", endpoint(chat, RESPONSES), methods=["POST"]),
             Route("/v1/messages/count_tokens", endpoint(count_tokens, ANTHROPIC), methods=["POST"]),
             Route("/v1/models", endpoint(models, OPENAI), methods=["GET"]),
             Route("/v1/hardcap/usage", endpoint(usage, OPENAI), methods=["GET"]),
