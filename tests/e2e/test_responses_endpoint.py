@@ -308,3 +308,86 @@ def test_the_quote_takes_a_responses_body(base: str, mock: Mock) -> None:
     assert q["decision"]["action"] == "admit" and q["max_tokens"] == 64
     assert q["input_tokens"] > 0
     assert mock.truth("alpha") == {}
+
+
+# -- in front of an Anthropic upstream (the mock's Anthropic mode), by translation both ways -------
+
+KEY_ENV = "HARDCAP_TEST_ANTHROPIC_KEY"
+
+
+def claude(mock: Mock, valkey: LocalValkey, **overrides: Any) -> Any:
+    """A gateway whose routes `claude` and `claude-small` go to the mock's Anthropic mode."""
+    data = config_data(mock.url, valkey.url, **overrides)
+    data["upstreams"].append(
+        {"name": "anthropic-mock", "kind": "anthropic", "base_url": f"{mock.url}/v1",
+         "api_key_env": KEY_ENV, "timeout_seconds": 5}
+    )  # fmt: skip
+    price = {"input_per_million": 3.0, "output_per_million": 15.0}
+    for name, model in (("claude", "mock-reason"), ("claude-small", "mock-small")):
+        data["routes"].append(
+            {"name": name, "upstream": "anthropic-mock", "model": model, "price": price,
+             "max_output_tokens": 4096}
+        )  # fmt: skip
+    return gateway_thread(data)
+
+
+@pytest.fixture
+def anthropic_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KEY_ENV, "sk-ant-mock")
+
+
+@pytest.mark.usefixtures("anthropic_key")
+def test_anthropic_upstream_stream_tools_and_cached_usage(mock: Mock, flushed: LocalValkey) -> None:
+    ask = "Weather in Paris? [mock:tool_use=1] [mock:tokens=12] [mock:cache_read=10]"
+    with claude(mock, flushed) as base:
+        c = client(base)
+        with c.responses.stream(model="claude-small", input=ask, tools=WEATHER, user="alpha") as s:
+            events = list(s)
+            first = s.get_final_response()
+        numbered(events)
+        call = next(item for item in first.output if item.type == "function_call")
+        assert call.name == "get_weather" and json.loads(call.arguments)
+        assert call.call_id.startswith("toolu_")  # the upstream's own id, so its result matches
+        truth = mock.truth("alpha")
+        assert first.usage is not None
+        assert first.usage.input_tokens == truth["prompt_tokens"]
+        assert first.usage.input_tokens_details.cached_tokens == 10
+        assert first.usage.output_tokens == truth["completion_tokens"]
+        follow: Any = [
+            {"role": "user", "content": ask},
+            *[item.model_dump(exclude_none=True) for item in first.output],
+            {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"},
+            {"role": "user", "content": "Thanks [mock:tokens=4]"},
+        ]
+        second = c.responses.create(
+            model="claude-small", input=follow, tools=WEATHER, instructions="Be brief.",
+            user="alpha",
+        )  # fmt: skip
+        assert second.output_text
+        assert used(base)["used"] == mock.truth("alpha")["total_tokens"]
+
+
+@pytest.mark.usefixtures("anthropic_key")
+def test_anthropic_upstream_cut_at_a_60_token_budget(mock: Mock, flushed: LocalValkey) -> None:
+    budget = [{"dimension": "output_tokens", "limit": 60, "window": "day"}]
+    with claude(mock, flushed, **{"tenants.0.budgets": budget}) as base:
+        events = list(
+            client(base).responses.create(
+                model="claude",
+                input="Think [mock:thinking=400] [mock:pace_ms=2]",
+                max_output_tokens=400,
+                user="alpha",
+                stream=True,
+            )
+        )
+        numbered(events)
+        last = events[-1]
+        assert last.type == "response.incomplete"
+        assert last.response.incomplete_details is not None
+        assert last.response.incomplete_details.reason == "max_output_tokens"
+        assert last.response.output[0].type == "reasoning"  # the thinking so far is kept
+        truth = mock.truth("alpha")
+        assert truth["aborted"] == 1 and truth["completion_tokens"] <= 60
+        row = used(base, "output_tokens")
+        assert row["reserved"] == 0 and truth["completion_tokens"] <= row["used"] <= 60
+        assert last.response.usage is not None and last.response.usage.output_tokens == row["used"]
