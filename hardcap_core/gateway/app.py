@@ -64,7 +64,7 @@ from hardcap_core.wire.anthropic_request import parse_messages_request
 from hardcap_core.wire.base import WireFormat
 from hardcap_core.wire.openai_chat import OpenAIChat
 from hardcap_core.wire.openai_responses import OpenAIResponses
-from hardcap_core.wire.openai_responses_request import parse_openai_body
+from hardcap_core.wire.openai_responses_request import parse_openai_body, parse_responses_request
 
 if TYPE_CHECKING:
     from hardcap_core.control.live import LiveConfig
@@ -260,6 +260,19 @@ def create_app(
         tokens = await gw.counts.reported(route, counted)  # the route's tokenizer's, if it has one
         return JSONResponse(count_tokens_reply(counted, tokens), headers=headers)
 
+    async def input_tokens(
+        gw: Gateway, request: Request, who: Principal, wire: WireFormat
+    ) -> Response:
+        """The Responses API's input_tokens: the input admission would reserve for the body, by
+        the route's tokenizer where it has one (else the bound). Held to the key's routes like
+        a response; calls no upstream, charges nothing."""
+        counted = parse_responses_request(await gw.read_body(request), counting=True)
+        route = gw.route_for(counted.model, who)
+        headers = await gw.headers_for(who, wire)
+        tokens = await gw.counts.reported(route, counted)
+        body = {"object": "response.input_tokens", "input_tokens": tokens}
+        return JSONResponse(body, headers=headers)
+
     async def usage(gw: Gateway, request: Request, who: Principal, wire: WireFormat) -> Response:
         return await gw.usage(who, wire)
 
@@ -327,6 +340,9 @@ def create_app(
             Route("/v1/chat/completions", endpoint(chat, OPENAI), methods=["POST"]),
             Route("/v1/messages", endpoint(chat, ANTHROPIC), methods=["POST"]),
             Route("/v1/responses", endpoint(chat, RESPONSES), methods=["POST"]),
+            Route(
+                "/v1/responses/input_tokens", endpoint(input_tokens, RESPONSES), methods=["POST"]
+            ),
             Route("/v1/messages/count_tokens", endpoint(count_tokens, ANTHROPIC), methods=["POST"]),
             Route("/v1/models", endpoint(models, OPENAI), methods=["GET"]),
             Route("/v1/hardcap/usage", endpoint(usage, OPENAI), methods=["GET"]),

@@ -102,6 +102,16 @@ RESPONSES_FIELDS = FieldPolicy(
     },
 )
 
+# What `POST /v1/responses/input_tokens` takes: the input fields, with the same effects.
+COUNTED_FIELDS = (
+    "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
+    "reasoning", "text", "truncation", "conversation", "previous_response_id",
+)  # fmt: skip
+RESPONSES_COUNT_FIELDS = FieldPolicy(
+    "the Responses API's input_tokens",
+    {name: RESPONSES_FIELDS.fields[name] for name in COUNTED_FIELDS},
+)
+
 # Tool types of the Responses API billed per call or run by the provider (hosted tools):
 # each is refused naming it until a route prices it.
 HOSTED_TOOLS = frozenset(

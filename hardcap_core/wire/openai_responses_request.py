@@ -36,7 +36,11 @@ from hardcap_core.errors import InvalidRequest
 from hardcap_core.wire import json_body
 from hardcap_core.wire.openai_input import input_tokens
 from hardcap_core.wire.openai_request import parse_chat_request
-from hardcap_core.wire.openai_responses_fields import HOSTED_TOOLS, RESPONSES_FIELDS
+from hardcap_core.wire.openai_responses_fields import (
+    HOSTED_TOOLS,
+    RESPONSES_COUNT_FIELDS,
+    RESPONSES_FIELDS,
+)
 
 DIALECT = OPENAI_RESPONSES
 # The chat field the output cap goes upstream in (OpenAI's current name; reasoning models
@@ -62,16 +66,16 @@ class ResponsesRequest(ChatRequest):
     echo: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def parse_responses_request(raw: bytes) -> ResponsesRequest:
-    """Validate a Responses body and translate it; raise :class:`InvalidRequest` naming the
-    bad field."""
+def parse_responses_request(raw: bytes, *, counting: bool = False) -> ResponsesRequest:
+    """Validate a Responses body (``counting``: a ``/v1/responses/input_tokens`` body, which has
+    no output fields) and translate it; raise :class:`InvalidRequest` naming the bad field."""
     body = json_body.loads(raw)
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     given = {k: v for k, v in body.items() if v is not None}
     if given.get("background") is False:
         del given["background"]  # the default: answered while the request lasts
-    RESPONSES_FIELDS.check(given)
+    (RESPONSES_COUNT_FIELDS if counting else RESPONSES_FIELDS).check(given)
 
     model = given.get("model")
     if not isinstance(model, str) or not model:

@@ -391,3 +391,25 @@ def test_anthropic_upstream_cut_at_a_60_token_budget(mock: Mock, flushed: LocalV
         row = used(base, "output_tokens")
         assert row["reserved"] == 0 and truth["completion_tokens"] <= row["used"] <= 60
         assert last.response.usage is not None and last.response.usage.output_tokens == row["used"]
+
+
+def test_input_tokens_is_the_reservation_and_costs_nothing(base: str, mock: Mock) -> None:
+    c = client(base)
+    counted = c.responses.input_tokens.count(
+        model="small", input=HI, instructions="Be brief.", tools=WEATHER
+    )
+    plain = c.responses.input_tokens.count(model="small", input=HI)
+    assert counted.object == "response.input_tokens"
+    assert counted.input_tokens > plain.input_tokens > 0
+    assert mock.truth("alpha") == {}  # no upstream call
+    assert (used(base)["used"], used(base)["reserved"]) == (0, 0)
+    # An upper bound on what the provider bills for the same input.
+    response = c.responses.create(model="small", input=HI, max_output_tokens=5, user="alpha")
+    assert response.usage is not None and plain.input_tokens >= response.usage.input_tokens
+    with pytest.raises(openai.BadRequestError) as refused:
+        c.responses.input_tokens.count(model="small", input=HI, previous_response_id="resp_1")
+    assert "previous_response_id" in refused.value.message
+    with pytest.raises(openai.NotFoundError):
+        c.responses.input_tokens.count(model="nope", input=HI)
+    with pytest.raises(openai.PermissionDeniedError):
+        client(base, KEYS["beta"]).responses.input_tokens.count(model="reason", input=HI)

@@ -14,7 +14,11 @@ from openai.types.responses.tool_param import ToolParam
 from hardcap_core.errors import InvalidRequest
 from hardcap_core.wire.field_policy import Effect
 from hardcap_core.wire.openai_input import input_tokens
-from hardcap_core.wire.openai_responses_fields import HOSTED_TOOLS, RESPONSES_FIELDS
+from hardcap_core.wire.openai_responses_fields import (
+    HOSTED_TOOLS,
+    RESPONSES_COUNT_FIELDS,
+    RESPONSES_FIELDS,
+)
 from hardcap_core.wire.openai_responses_request import (
     CAP_FIELD,
     parse_openai_body,
@@ -170,3 +174,24 @@ def test_the_quote_body_may_be_chat_or_responses() -> None:
     responses = parse_openai_body(b'{"model": "m", "input": "hi"}')
     assert chat.dialect == "openai_chat" and responses.dialect == "openai_responses"
     assert responses.body["messages"] == chat.body["messages"]
+
+
+def test_the_input_tokens_fields_are_the_sdks_count_params() -> None:
+    from openai.types.responses import input_token_count_params as count
+
+    sdk = set(
+        count.InputTokenCountParams.__optional_keys__
+        | count.InputTokenCountParams.__required_keys__
+    )
+    # `personality` (a preset system prompt the provider adds) is not in the create params:
+    # its size is the provider's, so it is refused as unknown.
+    assert sorted(set(RESPONSES_COUNT_FIELDS.fields) ^ sdk) == ["personality"]
+
+
+def test_an_input_tokens_body_takes_no_output_fields() -> None:
+    body = json.dumps({"model": "m", "input": "hi", "max_output_tokens": 5}).encode()
+    with pytest.raises(InvalidRequest) as refused:
+        parse_responses_request(body, counting=True)
+    assert refused.value.param == "max_output_tokens"
+    counted = parse_responses_request(b'{"model": "m", "input": "hi"}', counting=True)
+    assert counted.input_tokens == parse(input="hi").input_tokens
