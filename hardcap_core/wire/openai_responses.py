@@ -35,6 +35,7 @@ from hardcap_core.wire.base import Charged
 from hardcap_core.wire.headers import budget_headers
 from hardcap_core.wire.openai_chat import error_body
 from hardcap_core.wire.openai_responses_request import (
+    CAP_FIELD,
     DIALECT,
     ResponsesRequest,
     parse_responses_request,
@@ -64,7 +65,14 @@ class OpenAIResponses:
         return ResponseEncoder(model, {}, events=False).whole(completion, charged)
 
     def error_body(self, error: GatewayError) -> dict[str, Any]:
-        return error_body(error)
+        body = error_body(error)
+        if error.param == CAP_FIELD:
+            # The route's cap, checked on the chat request the body became: named as sent.
+            body["error"]["param"] = "max_output_tokens"
+            body["error"]["message"] = error.message.replace(
+                f"'{CAP_FIELD}'", "'max_output_tokens'"
+            )
+        return body
 
     def budget_headers(
         self, budgets: Sequence[BudgetState], rates: Sequence[RateState], now_ms: int

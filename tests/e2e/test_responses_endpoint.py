@@ -6,6 +6,7 @@ truth and the ledger's."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -413,3 +414,42 @@ def test_input_tokens_is_the_reservation_and_costs_nothing(base: str, mock: Mock
         c.responses.input_tokens.count(model="nope", input=HI)
     with pytest.raises(openai.PermissionDeniedError):
         client(base, KEYS["beta"]).responses.input_tokens.count(model="reason", input=HI)
+
+
+def test_a_cap_over_the_routes_is_refused_naming_max_output_tokens(base: str) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(base).responses.create(model="small", input=HI, max_output_tokens=5000)
+    assert refused.value.param == "max_output_tokens"
+    assert "'max_output_tokens' is 5000" in refused.value.message
+    assert "max_completion_tokens" not in refused.value.message
+
+
+def test_concurrent_streams_never_take_the_tenant_past_its_budget(
+    mock: Mock, flushed: LocalValkey
+) -> None:
+    budget = [{"dimension": "total_tokens", "limit": 2_000, "window": "day"}]
+
+    async def one(c: openai.AsyncOpenAI, i: int) -> str:
+        try:
+            stream = await c.responses.create(
+                model="small", input=f"Stream {i} [mock:tokens=300] [mock:pace_ms=2]",
+                max_output_tokens=400, user="alpha", stream=True,
+            )  # fmt: skip
+            events = [event async for event in stream]
+        except openai.RateLimitError:
+            return "refused"
+        numbered(events)
+        return events[-1].type
+
+    async def run(base: str) -> list[str]:
+        async with openai.AsyncOpenAI(base_url=base, api_key=KEYS["alpha"], max_retries=0) as c:
+            return list(await asyncio.gather(*(one(c, i) for i in range(16))))
+
+    with gateway(mock, flushed, **{"tenants.0.budgets": budget}) as base:
+        ends = asyncio.run(run(base))
+        truth = mock.truth("alpha")
+        row = used(base)
+    assert set(ends) <= {"response.completed", "response.incomplete", "refused"}, ends
+    assert "response.incomplete" in ends or "refused" in ends  # the budget really ran out
+    assert row["reserved"] == 0 and truth["in_flight"] == 0
+    assert truth["total_tokens"] <= row["used"] <= 2_000, (truth, row, ends)
