@@ -63,6 +63,7 @@ from hardcap_core.wire.anthropic_messages import AnthropicMessages
 from hardcap_core.wire.anthropic_request import parse_messages_request
 from hardcap_core.wire.base import WireFormat
 from hardcap_core.wire.openai_chat import OpenAIChat
+from hardcap_core.wire.openai_embeddings import OpenAIEmbeddings
 from hardcap_core.wire.openai_responses import OpenAIResponses
 from hardcap_core.wire.openai_responses_request import parse_openai_body, parse_responses_request
 
@@ -73,6 +74,7 @@ Handler = Callable[[Gateway, Request, Principal, WireFormat], Awaitable[Response
 OPENAI = OpenAIChat()
 ANTHROPIC = AnthropicMessages()
 RESPONSES = OpenAIResponses()
+EMBEDDINGS = OpenAIEmbeddings()
 # Paths whose 404 and 405 answer in Anthropic's error shape (its SDKs read no other).
 ANTHROPIC_PATHS = "/v1/messages"
 CLIENT_CLOSED_REQUEST = 499  # the status logged for a client that left (nginx's convention)
@@ -344,6 +346,7 @@ def create_app(
                 "/v1/responses/input_tokens", endpoint(input_tokens, RESPONSES), methods=["POST"]
             ),
             Route("/v1/messages/count_tokens", endpoint(count_tokens, ANTHROPIC), methods=["POST"]),
+            Route("/v1/embeddings", endpoint(chat, EMBEDDINGS), methods=["POST"]),
             Route("/v1/models", endpoint(models, OPENAI), methods=["GET"]),
             Route("/v1/hardcap/usage", endpoint(usage, OPENAI), methods=["GET"]),
             Route("/v1/hardcap/leases", endpoint(open_lease, OPENAI), methods=["POST"]),
