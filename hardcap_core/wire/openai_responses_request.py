@@ -15,7 +15,8 @@ requires one assistant turn per set of calls); ``function_call_output`` becomes 
 message; ``reasoning`` items of earlier turns are not sent (a chat upstream has nowhere to take
 them, so they are not billed either). ``tools`` (function tools) become chat functions;
 ``tool_choice`` maps onto chat's; ``text.format`` becomes ``response_format`` and
-``text.verbosity`` ``verbosity``; ``reasoning.effort`` becomes ``reasoning_effort``;
+``text.verbosity`` ``verbosity``; ``reasoning.effort`` becomes ``reasoning_effort`` and, for an
+Anthropic upstream, ``thinking`` with a budget by the effort (:data:`THINKING_BUDGETS`);
 ``max_output_tokens`` the output cap. ``metadata``, ``user``, ``safety_identifier``,
 ``prompt_cache_key``, ``prompt_cache_retention``, ``service_tier``, ``temperature``, ``top_p``
 and ``parallel_tool_calls`` keep their names.
@@ -47,6 +48,10 @@ DIALECT = OPENAI_RESPONSES
 # refuse `max_tokens`).
 CAP_FIELD = "max_completion_tokens"
 ROLES = frozenset({"user", "assistant", "system", "developer"})
+# Anthropic's extended thinking for each reasoning effort (its floor is 1,024; the provider
+# lowers a budget under the output cap, or turns thinking off below that floor). "none" and an
+# effort not listed ask no thinking.
+THINKING_BUDGETS = {"minimal": 1_024, "low": 1_024, "medium": 2_048, "high": 4_096, "xhigh": 8_192}
 SAME_NAMES = (
     "metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
     "service_tier", "temperature", "top_p",
@@ -117,6 +122,10 @@ def parse_responses_request(raw: bytes, *, counting: bool = False) -> ResponsesR
     effort = _reasoning(given.get("reasoning"))
     if effort is not None:
         out["reasoning_effort"] = effort
+        if effort in THINKING_BUDGETS:
+            # For an Anthropic upstream (an OpenAI-compatible one is not sent it); set here, so
+            # the hold knows the request thinks (gateway/unseen.py reads `thinking`).
+            out["thinking"] = {"type": "enabled", "budget_tokens": THINKING_BUDGETS[effort]}
     _include(given.get("include"))
     if stream:
         out["stream"] = True

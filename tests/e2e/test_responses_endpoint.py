@@ -453,3 +453,30 @@ def test_concurrent_streams_never_take_the_tenant_past_its_budget(
     assert "response.incomplete" in ends or "refused" in ends  # the budget really ran out
     assert row["reserved"] == 0 and truth["in_flight"] == 0
     assert truth["total_tokens"] <= row["used"] <= 2_000, (truth, row, ends)
+
+
+@pytest.mark.usefixtures("anthropic_key")
+def test_anthropic_upstream_reasoning_effort_becomes_thinking(
+    mock: Mock, flushed: LocalValkey
+) -> None:
+    with claude(mock, flushed) as base:
+        with client(base).responses.stream(
+            model="claude",
+            input="Think it through [mock:tokens=6]",
+            reasoning={"effort": "medium"},
+            max_output_tokens=3000,
+            user="alpha",
+        ) as s:
+            final = s.get_final_response()
+        assert [item.type for item in final.output] == ["reasoning", "message"]
+        reasoning = final.output[0]
+        assert reasoning.type == "reasoning" and reasoning.summary[0].text
+        truth = mock.truth("alpha")
+        assert final.usage is not None
+        assert final.usage.output_tokens == truth["completion_tokens"]
+        assert used(base)["used"] == truth["total_tokens"]
+        # Without an effort, no thinking: Anthropic's default.
+        plain = client(base).responses.create(
+            model="claude-small", input="Hi [mock:tokens=3]", user="alpha"
+        )
+        assert [item.type for item in plain.output] == ["message"]

@@ -140,6 +140,9 @@ def test_items_become_chat_messages() -> None:
     assert body["tool_choice"] == {"type": "function", "function": {"name": "get"}}
     assert body["parallel_tool_calls"] is False
     assert body["reasoning_effort"] == "low"
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 1024}  # for Anthropic
+    assert chat.thinks and chat.thinking_budget == 1024  # the hold knows it thinks
+    assert "thinking" not in parse(reasoning={"effort": "none"}).body
     assert body["response_format"] == {
         "type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}
     }  # fmt: skip
