@@ -15,8 +15,10 @@ import httpx
 import openai
 import pytest
 
+from hardcap_core.local.bedrock_fake import CREDENTIALS_ENV, FakeSettings, create_bedrock_fake_app
 from hardcap_core.local.mock_upstream import MockSettings
-from hardcap_core.local.valkey import LocalValkey
+from hardcap_core.local.servers import ThreadServer
+from hardcap_core.local.valkey import LocalValkey, free_port
 from tests.stack import KEYS, Mock, config_data, gateway_thread
 
 HI = "Say something about budgets."
@@ -480,3 +482,53 @@ def test_anthropic_upstream_reasoning_effort_becomes_thinking(
             model="claude-small", input="Hi [mock:tokens=3]", user="alpha"
         )
         assert [item.type for item in plain.output] == ["message"]
+
+
+# -- in front of Bedrock Converse (the local fake: SigV4, event-stream frames) --------------------
+
+
+@pytest.fixture(scope="module")
+def bedrock() -> Iterator[Mock]:
+    """The Bedrock fake, read through the mock's ground-truth helper (same paths)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in CREDENTIALS_ENV.items():
+            patch.setenv(name, value)
+        server = ThreadServer(
+            create_bedrock_fake_app(FakeSettings(pace_ms=0.5, seed=7)), free_port()
+        )
+        truth = Mock(url=server.start().url)
+        yield truth
+        truth.stop()
+        server.stop()
+
+
+def test_bedrock_upstream_stream_with_reasoning_and_a_tool_call(
+    mock: Mock, bedrock: Mock, flushed: LocalValkey
+) -> None:
+    bedrock.reset()
+    data = config_data(mock.url, flushed.url)
+    data["upstreams"].append(
+        {"name": "bedrock", "kind": "bedrock", "base_url": bedrock.url, "timeout_seconds": 5}
+    )
+    data["routes"].append(
+        {"name": "claude-reason", "upstream": "bedrock", "model": "fake.reason-v1:0",
+         "price": {"input_per_million": 3.0, "output_per_million": 15.0},
+         "max_output_tokens": 1024}
+    )  # fmt: skip
+    with gateway_thread(data) as base:
+        with client(base).responses.stream(
+            model="claude-reason",
+            input="Weather in Paris? [mock:thinking=8] [mock:tokens=10] [mock:tool_use=1]",
+            tools=WEATHER,
+            user="alpha",
+        ) as s:
+            events = list(s)
+            final = s.get_final_response()
+        numbered(events)
+        kinds = [item.type for item in final.output]
+        assert kinds[0] == "reasoning" and "function_call" in kinds
+        truth = bedrock.truth("alpha")
+        assert final.usage is not None
+        assert final.usage.input_tokens == truth["prompt_tokens"]
+        assert final.usage.output_tokens == truth["completion_tokens"]
+        assert used(base)["used"] == truth["total_tokens"] and used(base)["reserved"] == 0
