@@ -275,6 +275,18 @@ def create_app(
         body = {"object": "response.input_tokens", "input_tokens": tokens}
         return JSONResponse(body, headers=headers)
 
+    async def stored_response(
+        gw: Gateway, request: Request, who: Principal, wire: WireFormat
+    ) -> Response:
+        """A stored response (get, delete, cancel, its input items): the gateway keeps none,
+        so every id is one it never served this tenant (404 in the API's shape)."""
+        rid = request.path_params["response_id"]
+        raise NotFound(
+            f"No response with id '{rid}': this gateway keeps no responses (they are served "
+            "with store: false); send the whole conversation in 'input'.",
+            code="not_found",
+        )
+
     async def usage(gw: Gateway, request: Request, who: Principal, wire: WireFormat) -> Response:
         return await gw.usage(who, wire)
 
@@ -344,6 +356,16 @@ def create_app(
             Route("/v1/responses", endpoint(chat, RESPONSES), methods=["POST"]),
             Route(
                 "/v1/responses/input_tokens", endpoint(input_tokens, RESPONSES), methods=["POST"]
+            ),
+            Route(
+                "/v1/responses/{response_id}",
+                endpoint(stored_response, RESPONSES),
+                methods=["GET", "DELETE"],
+            ),
+            Route(
+                "/v1/responses/{response_id}/{verb:str}",
+                endpoint(stored_response, RESPONSES),
+                methods=["GET", "POST"],
             ),
             Route("/v1/messages/count_tokens", endpoint(count_tokens, ANTHROPIC), methods=["POST"]),
             Route("/v1/embeddings", endpoint(chat, EMBEDDINGS), methods=["POST"]),

@@ -532,3 +532,25 @@ def test_bedrock_upstream_stream_with_reasoning_and_a_tool_call(
         assert final.usage.input_tokens == truth["prompt_tokens"]
         assert final.usage.output_tokens == truth["completion_tokens"]
         assert used(base)["used"] == truth["total_tokens"] and used(base)["reserved"] == 0
+
+
+def test_a_stored_response_is_never_found_and_asks_for_the_key(base: str) -> None:
+    c = client(base)
+    for call in (
+        lambda: c.responses.retrieve("resp_123"),
+        lambda: c.responses.delete("resp_123"),
+        lambda: c.responses.cancel("resp_123"),
+        lambda: c.responses.input_items.list("resp_123"),
+    ):
+        with pytest.raises(openai.NotFoundError) as missing:
+            call()
+        assert "resp_123" in missing.value.message and missing.value.code == "not_found"
+    with pytest.raises(openai.AuthenticationError):
+        client(base, "sk-wrong").responses.retrieve("resp_123")
+
+
+def test_a_service_tier_the_route_does_not_price_is_refused(base: str, mock: Mock) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(base).responses.create(model="small", input=HI, service_tier="priority")
+    assert refused.value.param == "service_tier"
+    assert mock.truth("alpha") == {}
