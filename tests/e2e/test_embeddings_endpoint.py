@@ -129,3 +129,21 @@ def test_a_route_without_embeddings_is_refused_naming_the_model(
         assert refused.value.param == "model" and "embeddings" in refused.value.message
         assert (used(base)["used"], used(base)["reserved"]) == (0, 0)
         assert json.dumps(mock.truth("alpha")) == "{}"
+
+
+def test_a_route_that_counts_with_its_tokenizer_settles_the_same(
+    mock: Mock, flushed: LocalValkey
+) -> None:
+    data = config_data(mock.url, flushed.url)
+    data["routes"].append(
+        {"name": "exact-always", "upstream": "mock", "model": "mock-small",
+         "price": {"input_per_million": 1.0, "output_per_million": 2.0},
+         "tokenizer": "cl100k_base", "exact_count": "always"}
+    )  # fmt: skip
+    with gateway_thread(data) as base:
+        done = client(base).embeddings.create(
+            model="exact-always", input=["counted before the call", [1, 2, 3]], user="alpha"
+        )
+        truth = mock.truth("alpha")
+        assert done.usage.prompt_tokens == truth["prompt_tokens"]
+        assert used(base)["used"] == truth["prompt_tokens"] and used(base)["reserved"] == 0
