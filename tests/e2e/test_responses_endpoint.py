@@ -554,3 +554,26 @@ def test_a_service_tier_the_route_does_not_price_is_refused(base: str, mock: Moc
         client(base).responses.create(model="small", input=HI, service_tier="priority")
     assert refused.value.param == "service_tier"
     assert mock.truth("alpha") == {}
+
+
+def test_a_lease_caps_a_responses_stream(base: str, mock: Mock) -> None:
+    opened = httpx.post(
+        f"{base}/hardcap/leases", json={"tokens": 150, "ttl_seconds": 60},
+        headers={"authorization": f"Bearer {KEYS['alpha']}"},
+    )  # fmt: skip
+    assert opened.status_code == 201, opened.text
+    lease = opened.json()["id"]
+    events = list(
+        client(base).responses.create(
+            model="small", input="Go on [mock:tokens=400] [mock:pace_ms=1]",
+            max_output_tokens=400, user="alpha", stream=True,
+            extra_headers={"x-hardcap-lease": lease},
+        )
+    )  # fmt: skip
+    assert events[-1].type == "response.incomplete"
+    state = httpx.get(
+        f"{base}/hardcap/leases/{lease}", headers={"authorization": f"Bearer {KEYS['alpha']}"}
+    ).json()
+    truth = mock.truth("alpha")
+    assert truth["total_tokens"] <= state["spent"]["tokens"] <= 150
+    assert state["held"]["tokens"] == 0
