@@ -133,18 +133,12 @@ class ResponseEncoder:
         return out or None
 
     def close(self, *, for_length: bool, charged: Charged) -> bytes:
-        reason = (
-            "max_output_tokens" if for_length else INCOMPLETE.get(self._finish or FinishReason.STOP)
-        )
-        out = self._start() + self._close_item("incomplete" if reason else "completed")
-        response = self._response("incomplete" if reason else "completed")
-        response["usage"] = self._usage(charged)
-        if reason:
-            response["incomplete_details"] = {"reason": reason}
-        else:
-            response["completed_at"] = int(time.time())
+        why = INCOMPLETE.get(self._finish or FinishReason.STOP)
+        reason = "max_output_tokens" if for_length else why
+        out = self._start()
+        done, response = self._ended(reason, charged)
         kind = "response.incomplete" if reason else "response.completed"
-        return out + self._emit({"type": kind, "response": response})
+        return out + done + self._emit({"type": kind, "response": response})
 
     def error(self, error: GatewayError) -> bytes:
         out = self._start() + self._close_item("incomplete")
@@ -161,15 +155,20 @@ class ResponseEncoder:
         """The response object of a non-streamed reply: the same items a stream would build."""
         for piece in completion.output:
             self._piece(piece, completion.raw)
-        reason = INCOMPLETE.get(completion.finish or FinishReason.STOP)
-        self._close_item("incomplete" if reason else "completed")
+        _, response = self._ended(INCOMPLETE.get(completion.finish or FinishReason.STOP), charged)
+        return response
+
+    def _ended(self, reason: str | None, charged: Charged) -> tuple[bytes, dict[str, Any]]:
+        """Close the open item; the final response object, completed or (``reason``)
+        incomplete, with the usage that was ``charged``."""
+        out = self._close_item("incomplete" if reason else "completed")
         response = self._response("incomplete" if reason else "completed")
         response["usage"] = self._usage(charged)
         if reason:
             response["incomplete_details"] = {"reason": reason}
         else:
             response["completed_at"] = int(time.time())
-        return response
+        return out, response
 
     # -- output items ---------------------------------------------------------------------------
 
