@@ -117,7 +117,9 @@ def parse_responses_request(raw: bytes, *, counting: bool = False) -> ResponsesR
         if "parallel_tool_calls" in given:
             out["parallel_tool_calls"] = _bool(given["parallel_tool_calls"], "parallel_tool_calls")
     if "tool_choice" in given:
-        out["tool_choice"] = _tool_choice(given["tool_choice"])
+        choice = _tool_choice(given["tool_choice"])
+        if tools:  # chat refuses a tool_choice (and parallel_tool_calls) without tools
+            out["tool_choice"] = choice
     out.update(_text(given.get("text")))
     effort = _reasoning(given.get("reasoning"))
     if effort is not None:

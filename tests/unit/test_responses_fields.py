@@ -198,3 +198,10 @@ def test_an_input_tokens_body_takes_no_output_fields() -> None:
     assert refused.value.param == "max_output_tokens"
     counted = parse_responses_request(b'{"model": "m", "input": "hi"}', counting=True)
     assert counted.input_tokens == parse(input="hi").input_tokens
+
+
+def test_a_tool_choice_without_tools_is_checked_and_not_sent() -> None:
+    assert "tool_choice" not in parse(tool_choice="none", parallel_tool_calls=True).body
+    with pytest.raises(InvalidRequest) as refused:
+        parse(tool_choice={"type": "file_search"})
+    assert refused.value.param == "tool_choice"
