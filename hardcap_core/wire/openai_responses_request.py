@@ -15,8 +15,9 @@ requires one assistant turn per set of calls); ``function_call_output`` becomes 
 message; ``reasoning`` items of earlier turns are not sent (a chat upstream has nowhere to take
 them, so they are not billed either). ``tools`` (function tools) become chat functions;
 ``tool_choice`` maps onto chat's; ``text.format`` becomes ``response_format`` and
-``text.verbosity`` ``verbosity``; ``reasoning.effort`` becomes ``reasoning_effort`` and, for an
-Anthropic upstream, ``thinking`` with a budget by the effort (:data:`THINKING_BUDGETS`);
+``text.verbosity`` ``verbosity``; ``reasoning.effort`` becomes ``reasoning_effort``, and the
+request thinks with a budget by the effort (:data:`THINKING_BUDGETS`; an Anthropic upstream
+is asked for that thinking, and the hold reserves for it as for a Messages client's);
 ``max_output_tokens`` the output cap. ``metadata``, ``user``, ``safety_identifier``,
 ``prompt_cache_key``, ``prompt_cache_retention``, ``service_tier``, ``temperature``, ``top_p``
 and ``parallel_tool_calls`` keep their names.
@@ -69,6 +70,18 @@ class ResponsesRequest(ChatRequest):
     """A chat request that came in the Responses format, with what its reply repeats."""
 
     echo: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def thinking_budget(self) -> int | None:
+        """Anthropic's thinking budget for its reasoning effort (:data:`THINKING_BUDGETS`):
+        what an Anthropic upstream is asked to think, and what the hold reserves for it."""
+        reasoning = self.echo.get("reasoning")
+        effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
+        return THINKING_BUDGETS.get(effort) if isinstance(effort, str) else None
+
+    @property
+    def thinks(self) -> bool:
+        return self.thinking_budget is not None
 
 
 def parse_responses_request(raw: bytes, *, counting: bool = False) -> ResponsesRequest:
@@ -124,10 +137,6 @@ def parse_responses_request(raw: bytes, *, counting: bool = False) -> ResponsesR
     effort = _reasoning(given.get("reasoning"))
     if effort is not None:
         out["reasoning_effort"] = effort
-        if effort in THINKING_BUDGETS:
-            # For an Anthropic upstream (an OpenAI-compatible one is not sent it); set here, so
-            # the hold knows the request thinks (gateway/unseen.py reads `thinking`).
-            out["thinking"] = {"type": "enabled", "budget_tokens": THINKING_BUDGETS[effort]}
     _include(given.get("include"))
     if stream:
         out["stream"] = True

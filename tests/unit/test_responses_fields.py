@@ -140,9 +140,9 @@ def test_items_become_chat_messages() -> None:
     assert body["tool_choice"] == {"type": "function", "function": {"name": "get"}}
     assert body["parallel_tool_calls"] is False
     assert body["reasoning_effort"] == "low"
-    assert body["thinking"] == {"type": "enabled", "budget_tokens": 1024}  # for Anthropic
-    assert chat.thinks and chat.thinking_budget == 1024  # the hold knows it thinks
-    assert "thinking" not in parse(reasoning={"effort": "none"}).body
+    assert "thinking" not in body  # an OpenAI-compatible upstream would refuse it
+    assert chat.thinks and chat.thinking_budget == 1024  # the hold, and Anthropic, know it
+    assert not parse(reasoning={"effort": "none"}).thinks and not parse().thinks
     assert body["response_format"] == {
         "type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}
     }  # fmt: skip
@@ -205,3 +205,16 @@ def test_a_tool_choice_without_tools_is_checked_and_not_sent() -> None:
     with pytest.raises(InvalidRequest) as refused:
         parse(tool_choice={"type": "file_search"})
     assert refused.value.param == "tool_choice"
+
+
+def test_a_reasoning_effort_asks_an_anthropic_upstream_to_think_within_the_cap() -> None:
+    from hardcap_core.providers.anthropic_request import messages_body
+
+    chat = parse(reasoning={"effort": "high"})
+    assert messages_body(chat, "claude", 8000, stream=False)["thinking"] == {
+        "type": "enabled", "budget_tokens": 4096
+    }  # fmt: skip
+    lowered = messages_body(chat, "claude", 2000, stream=False)["thinking"]
+    assert lowered["budget_tokens"] == 1999  # under the cap it was sent, as a given budget
+    assert "thinking" not in messages_body(chat, "claude", 1000, stream=False)  # under 1,024
+    assert "thinking" not in messages_body(parse(), "claude", 8000, stream=False)
