@@ -209,7 +209,7 @@ def _input(value: Any) -> list[dict[str, Any]]:
 
 def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
     role = item.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise InvalidRequest(
             f"'{where}.role' must be one of {', '.join(sorted(ROLES))}.", param=f"{where}.role"
         )
@@ -317,7 +317,7 @@ def _tools(value: Any) -> list[dict[str, Any]]:
         if not isinstance(tool, dict):
             raise InvalidRequest(f"'{where}' must be an object.", param=where)
         kind = tool.get("type")
-        if kind in HOSTED_TOOLS:
+        if isinstance(kind, str) and kind in HOSTED_TOOLS:
             raise InvalidRequest(
                 f"'{where}': the hosted tool '{kind}' is billed per call by the provider, "
                 "which this gateway does not price yet; define a function tool instead.",

@@ -218,3 +218,17 @@ def test_a_reasoning_effort_asks_an_anthropic_upstream_to_think_within_the_cap()
     assert lowered["budget_tokens"] == 1999  # under the cap it was sent, as a given budget
     assert "thinking" not in messages_body(chat, "claude", 1000, stream=False)  # under 1,024
     assert "thinking" not in messages_body(parse(), "claude", 8000, stream=False)
+
+
+@pytest.mark.parametrize("kind", [[], {}, None, 5])
+def test_a_tool_type_that_is_not_a_string_is_a_400(kind: object) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        parse(tools=[{"type": kind, "name": "f"}])
+    assert refused.value.param == "tools[0].type"
+
+
+@pytest.mark.parametrize("role", [[], {}, None, 5, "tool"])
+def test_a_role_that_is_not_one_of_the_apis_is_a_400(role: object) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        parse(input=[{"role": role, "content": "x"}])
+    assert refused.value.param == "input[0].role"
