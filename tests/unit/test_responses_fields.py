@@ -3,11 +3,14 @@ translation of a Responses body into the chat request the pipeline takes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import typing
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai.types.responses import response_create_params as params
 from openai.types.responses.tool_param import ToolParam
 
@@ -232,3 +235,28 @@ def test_a_role_that_is_not_one_of_the_apis_is_a_400(role: object) -> None:
     with pytest.raises(InvalidRequest) as refused:
         parse(input=[{"role": role, "content": "x"}])
     assert refused.value.param == "input[0].role"
+
+
+# Any JSON a client can send: a parse answers a translated request or a 400, never a 500.
+_ATOMS = st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from(
+    ["", "x", "user", "assistant", "message", "function", "function_call",
+     "function_call_output", "reasoning", "input_text", "input_image", "low", "auto"]
+)  # fmt: skip
+_KEYS = [*sorted(RESPONSES_FIELDS.fields), "type", "role", "content", "text", "name", "call_id",
+         "arguments", "output", "format", "effort", "image_url", "file_data", "schema"]  # fmt: skip
+_JSON = st.recursive(
+    _ATOMS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(_KEYS), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(sorted(RESPONSES_FIELDS.fields)), _JSON, max_size=5))
+def test_any_body_is_a_request_or_a_400(fields: dict[str, Any]) -> None:
+    raw = json.dumps({"model": "m", "input": "hi", **fields}).encode()
+    for counting in (False, True):
+        with contextlib.suppress(InvalidRequest):
+            parse_responses_request(raw, counting=counting)
