@@ -377,6 +377,7 @@ def create_app(
             ),
             Route("/v1/hardcap/quote", endpoint(quote, OPENAI), methods=["POST"]),
             Route("/v1/messages/quote", endpoint(quote, ANTHROPIC), methods=["POST"]),
+            Route("/v1/embeddings/quote", endpoint(quote, EMBEDDINGS), methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             *snapstart_routes(runtime),
         ],

@@ -147,3 +147,15 @@ def test_a_route_that_counts_with_its_tokenizer_settles_the_same(
         truth = mock.truth("alpha")
         assert done.usage.prompt_tokens == truth["prompt_tokens"]
         assert used(base)["used"] == truth["prompt_tokens"] and used(base)["reserved"] == 0
+
+
+def test_the_quote_of_an_embeddings_body_is_its_input_and_one_output_token(
+    base: str, mock: Mock
+) -> None:
+    body = {"model": "small", "input": [[1, 2, 3, 4], [5, 6]]}
+    got = httpx.post(f"{base}/embeddings/quote", json=body, headers=AUTH)
+    assert got.status_code == 200, got.text
+    q = got.json()
+    assert q["decision"]["action"] == "admit"
+    assert (q["input_tokens"], q["max_tokens"]) == (6, 1)
+    assert mock.truth("alpha") == {}
