@@ -28,7 +28,13 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from hardcap_core import json_codec, sse
-from hardcap_core.chat import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_EMBEDDINGS, ChatRequest
+from hardcap_core.chat import (
+    ANTHROPIC_MESSAGES,
+    OPENAI_CHAT,
+    OPENAI_EMBEDDINGS,
+    OPENAI_RESPONSES,
+    ChatRequest,
+)
 from hardcap_core.config import Route
 from hardcap_core.config.settings import DEFAULT_GATEWAY
 from hardcap_core.errors import UpstreamMalformed
@@ -136,8 +142,8 @@ class OpenAICompatible:
         body = dict(request.body, model=route.model)
         for name in CAP_FIELDS:
             body.pop(name, None)
-        if request.dialect == ANTHROPIC_MESSAGES:
-            body = _without_anthropic_fields(body)
+        if request.dialect in (ANTHROPIC_MESSAGES, OPENAI_RESPONSES):
+            body = _without_anthropic_fields(body)  # a Responses turn's signed thinking too
         body[request.max_tokens_field] = max_tokens
         if stream:
             # Usage is what a stream is settled with: always ask for it; the client only sees

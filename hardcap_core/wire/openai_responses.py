@@ -5,7 +5,8 @@ Served by translation: the body becomes a chat request
 (:mod:`hardcap_core.wire.openai_responses_request`), and what any provider streams back, as
 normalized events, becomes the Responses stream: ``response.created`` and
 ``response.in_progress``, then one output item per run of one kind of output — a ``reasoning``
-item (its text as ``response.reasoning_summary_text.delta`` in one summary part), a ``message``
+item (its text as ``response.reasoning_summary_text.delta`` in one summary part; an Anthropic
+upstream's signed thinking blocks sealed in its ``encrypted_content``), a ``message``
 item (``response.content_part.added``, ``response.output_text.delta`` or
 ``response.refusal.delta``, their ``done`` events), a ``function_call`` item per tool call
 (``response.function_call_arguments.delta``; the item is added once its name is whole) — each
@@ -39,6 +40,7 @@ from hardcap_core.wire.openai_responses_request import (
     DIALECT,
     ResponsesRequest,
     parse_responses_request,
+    sealed_thinking,
 )
 
 TOOL_KINDS = (OutputKind.TOOL_NAME, OutputKind.TOOL_ARGUMENTS)
@@ -94,6 +96,10 @@ class _Item:
         self.call = call  # the tool call's index in the provider's events
         self.part: dict[str, Any] | None = None  # a message's open content part
         self.added = False
+        # A reasoning item's signed thinking blocks (an Anthropic upstream's), and how much of
+        # its summary text the blocks so far hold.
+        self.blocks: list[dict[str, Any]] = []
+        self.signed = 0
 
     @property
     def kind(self) -> str:
@@ -156,6 +162,10 @@ class ResponseEncoder:
         for piece in completion.output:
             self._piece(piece, completion.raw)
         _, response = self._ended(INCOMPLETE.get(completion.finish or FinishReason.STOP), charged)
+        blocks = _anthropic_thinking(completion.raw)
+        reasoning = [item for item in response["output"] if item["type"] == "reasoning"]
+        if blocks and reasoning:
+            reasoning[0]["encrypted_content"] = sealed_thinking(blocks)
         return response
 
     def _ended(self, reason: str | None, charged: Charged) -> tuple[bytes, dict[str, Any]]:
@@ -176,7 +186,7 @@ class ResponseEncoder:
         if piece.kind is OutputKind.REASONING:
             self._reasoning_tokens += piece.tokens
             if not piece.text:
-                return b""  # encrypted or signed thinking: billed, nothing to show
+                return self._signed(raw)  # encrypted or signed thinking: billed, not shown
             return self._reasoning(piece.text)
         if piece.kind in TOOL_KINDS:
             return self._tool(piece, raw)
@@ -193,6 +203,7 @@ class ResponseEncoder:
             out += self._close_item("completed")
             item = self._add({"id": f"rs_{uuid.uuid4().hex}", "type": "reasoning", "summary": []})
             out += self._announce(item)
+        if not item.item["summary"]:
             part = {"type": "summary_text", "text": ""}
             item.item["summary"].append(part)
             out += self._emit(
@@ -204,6 +215,35 @@ class ResponseEncoder:
             {"type": "response.reasoning_summary_text.delta", "item_id": item.id,
              "output_index": item.index, "summary_index": 0, "delta": text}
         )  # fmt: skip
+
+    def _signed(self, raw: Any) -> bytes:
+        """Keep an Anthropic thinking block's signature (or a redacted block), which Anthropic
+        wants back with the thinking in a later turn: carried in the reasoning item's
+        ``encrypted_content`` (:func:`~hardcap_core.wire.openai_responses_request.
+        thinking_blocks` reads it back)."""
+        if not isinstance(raw, dict):
+            return b""
+        delta, block = raw.get("delta"), raw.get("content_block")
+        out = b""
+        item = self._open
+        if isinstance(delta, dict) and delta.get("type") == "signature_delta":
+            signature = delta.get("signature")
+            if item is None or item.kind != "reasoning" or not isinstance(signature, str):
+                return b""  # a signature with no thinking before it: nothing to sign
+            text = item.item["summary"][0]["text"] if item.item["summary"] else ""
+            item.blocks.append(
+                {"type": "thinking", "thinking": text[item.signed :], "signature": signature}
+            )
+            item.signed = len(text)
+        elif isinstance(block, dict) and block.get("type") == "redacted_thinking":
+            if item is None or item.kind != "reasoning":
+                out += self._close_item("completed")
+                item = self._add(
+                    {"id": f"rs_{uuid.uuid4().hex}", "type": "reasoning", "summary": []}
+                )
+                out += self._announce(item)
+            item.blocks.append({"type": "redacted_thinking", "data": block.get("data", "")})
+        return out
 
     def _text(self, kind: str, text: str) -> bytes:
         out = b""
@@ -309,15 +349,18 @@ class ResponseEncoder:
         if item.kind == "message":
             out += self._close_part(item)
         elif item.kind == "reasoning":
-            text = item.item["summary"][0]["text"]
-            where = {"item_id": item.id, "output_index": item.index, "summary_index": 0}
-            out += self._emit(
-                {"type": "response.reasoning_summary_text.done", **where, "text": text}
-            )
-            part = {"type": "summary_text", "text": text}
-            out += self._emit(
-                {"type": "response.reasoning_summary_part.done", **where, "part": part}
-            )
+            if item.item["summary"]:
+                text = item.item["summary"][0]["text"]
+                where = {"item_id": item.id, "output_index": item.index, "summary_index": 0}
+                out += self._emit(
+                    {"type": "response.reasoning_summary_text.done", **where, "text": text}
+                )
+                part = {"type": "summary_text", "text": text}
+                out += self._emit(
+                    {"type": "response.reasoning_summary_part.done", **where, "part": part}
+                )
+            if item.blocks:
+                item.item["encrypted_content"] = sealed_thinking(item.blocks)
         else:
             where = {"item_id": item.id, "output_index": item.index}
             args, name = item.item["arguments"], item.item["name"]
@@ -437,3 +480,13 @@ def _upstream_call_id(raw: Any, index: int) -> str | None:
     except (KeyError, IndexError, TypeError, AttributeError):
         pass  # not shaped as expected: the caller makes an id
     return None
+
+
+def _anthropic_thinking(raw: Any) -> list[dict[str, Any]]:
+    """The signed thinking blocks of an Anthropic reply (none from another provider)."""
+    content = raw.get("content") if isinstance(raw, dict) else None
+    return [
+        b
+        for b in content or ()
+        if isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking")
+    ]

@@ -12,9 +12,12 @@ user message; input items: a message (``input_text`` → text, ``input_image`` w
 assistant's ``output_text`` and ``refusal`` → its text) keeps its role; ``function_call`` items
 become an assistant's ``tool_calls`` (merged into the assistant message before them, as chat
 requires one assistant turn per set of calls); ``function_call_output`` becomes a ``tool``
-message; ``reasoning`` items of earlier turns are not sent (a chat upstream has nowhere to take
-them, so they are not billed either). ``tools`` (function tools) become chat functions;
-``tool_choice`` maps onto chat's; ``text.format`` becomes ``response_format`` and
+message; the text of ``reasoning`` items of earlier turns is not sent (a chat upstream has
+nowhere to take it, so it is not billed either), but an Anthropic upstream's signed thinking,
+which the gateway carried out in the item's ``encrypted_content``, goes back as the next
+assistant turn's ``thinking_blocks`` (Anthropic wants it ahead of a tool call's turn with
+thinking on; an OpenAI-compatible upstream is not sent it). ``tools`` (function tools) become
+chat functions; ``tool_choice`` maps onto chat's; ``text.format`` becomes ``response_format`` and
 ``text.verbosity`` ``verbosity``; ``reasoning.effort`` becomes ``reasoning_effort``, and the
 request thinks with a budget by the effort (:data:`THINKING_BUDGETS`; an Anthropic upstream
 is asked for that thinking, and the hold reserves for it as for a Messages client's);
@@ -29,7 +32,10 @@ items a chat upstream cannot take.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -177,6 +183,7 @@ def _input(value: Any) -> list[dict[str, Any]]:
             "'input' must be a string or a non-empty array of items.", param="input"
         )
     out: list[dict[str, Any]] = []
+    thinking: list[dict[str, Any]] = []  # signed thinking for the next assistant turn
     for i, item in enumerate(value):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -184,12 +191,20 @@ def _input(value: Any) -> list[dict[str, Any]]:
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
             out.append(_message(item, where))
+            if thinking and out[-1]["role"] == "assistant":
+                out[-1]["thinking_blocks"], thinking = thinking, []
         elif kind == "function_call":
-            _function_call(out, item, where)
+            _function_call(out, item, where)  # into the assistant turn before it, or a new one
+            if thinking:
+                out[-1].setdefault("thinking_blocks", []).extend(thinking)
+                thinking = []
         elif kind == "function_call_output":
             out.append(_function_output(item, where))
         elif kind == "reasoning":
-            _object_list(item.get("summary", []), f"{where}.summary")  # checked, not sent
+            _object_list(item.get("summary", []), f"{where}.summary")
+            # Its text is not sent (a chat upstream has nowhere to take it); an Anthropic
+            # upstream's signed thinking goes back with the next assistant turn.
+            thinking += thinking_blocks(item.get("encrypted_content"), f"{where}.encrypted_content")
         elif kind == "item_reference":
             raise InvalidRequest(
                 f"'{where}': an item reference makes the provider bill a stored item this "
@@ -205,6 +220,32 @@ def _input(value: Any) -> list[dict[str, Any]]:
     if not any(m["role"] != "system" for m in out):
         raise InvalidRequest("'input' must hold at least one message.", param="input")
     return out
+
+
+# The prefix of the reasoning items' encrypted_content the gateway makes (Anthropic thinking
+# blocks, base64 JSON); another provider's encrypted content is not the gateway's to read.
+SEALED = "hardcap.thinking.v1:"
+
+
+def sealed_thinking(blocks: list[dict[str, Any]]) -> str:
+    """Anthropic thinking blocks as a reasoning item's ``encrypted_content``."""
+    return SEALED + base64.b64encode(json.dumps(blocks).encode()).decode()
+
+
+def thinking_blocks(value: Any, where: str) -> list[dict[str, Any]]:
+    """The thinking blocks :func:`sealed_thinking` made (none from another's content)."""
+    if not isinstance(value, str) or not value.startswith(SEALED):
+        return []
+    try:
+        blocks = json.loads(base64.b64decode(value[len(SEALED) :], validate=True))
+    except (binascii.Error, ValueError) as e:
+        raise InvalidRequest(f"'{where}' is not as the gateway made it.", param=where) from e
+    kinds = ("thinking", "redacted_thinking")
+    if not isinstance(blocks, list) or not all(
+        isinstance(b, dict) and b.get("type") in kinds for b in blocks
+    ):
+        raise InvalidRequest(f"'{where}' is not as the gateway made it.", param=where)
+    return blocks
 
 
 def _message(item: dict[str, Any], where: str) -> dict[str, Any]:

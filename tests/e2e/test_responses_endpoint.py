@@ -577,3 +577,42 @@ def test_a_lease_caps_a_responses_stream(base: str, mock: Mock) -> None:
     truth = mock.truth("alpha")
     assert truth["total_tokens"] <= state["spent"]["tokens"] <= 150
     assert state["held"]["tokens"] == 0
+
+
+@pytest.mark.usefixtures("anthropic_key")
+def test_anthropic_upstream_signed_thinking_goes_back_with_the_tool_result(
+    mock: Mock, flushed: LocalValkey
+) -> None:
+    """With thinking on, Anthropic wants the last assistant turn's signed thinking back ahead
+    of its tool call: the reasoning item carries it in encrypted_content, stream or not."""
+    ask = "Weather in Paris? [mock:tool_use=1] [mock:thinking=6] [mock:tokens=8]"
+    with claude(mock, flushed) as base:
+        c = client(base)
+        with c.responses.stream(
+            model="claude",
+            input=ask,
+            tools=WEATHER,
+            reasoning={"effort": "low"},
+            max_output_tokens=3000,
+            user="alpha",
+        ) as s:
+            first = s.get_final_response()
+        whole = c.responses.create(
+            model="claude", input=ask, tools=WEATHER, reasoning={"effort": "low"},
+            max_output_tokens=3000, user="alpha",
+        )  # fmt: skip
+        for response in (first, whole):
+            reasoning = response.output[0]
+            assert reasoning.type == "reasoning" and reasoning.encrypted_content
+            call = next(item for item in response.output if item.type == "function_call")
+            follow: Any = [
+                {"role": "user", "content": ask},
+                *[item.model_dump(exclude_none=True) for item in response.output],
+                {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"},
+            ]
+            again = c.responses.create(
+                model="claude", input=follow, tools=WEATHER, reasoning={"effort": "low"},
+                max_output_tokens=3000, user="alpha",
+            )  # fmt: skip
+            assert again.output
+        assert used(base)["used"] == mock.truth("alpha")["total_tokens"]

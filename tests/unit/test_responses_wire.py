@@ -168,3 +168,51 @@ def test_an_error_over_the_routes_cap_names_max_output_tokens() -> None:
     assert body["param"] == "max_output_tokens" and body["message"].startswith(
         "'max_output_tokens' is 5000"
     )
+
+
+def test_anthropic_signed_thinking_round_trips_through_encrypted_content() -> None:
+    from hardcap_core.providers.anthropic_request import messages_body
+
+    signature = {"type": "content_block_delta", "index": 0,
+                 "delta": {"type": "signature_delta", "signature": "c2ln"}}  # fmt: skip
+    tool = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
+    call_start = {"type": "content_block_start", "index": 1, "content_block": tool}
+    events = [
+        piece(OutputKind.REASONING, "Let me think."),
+        Event(raw=signature, output=[Output(OutputKind.REASONING, "", 2, 0, None, 0)], tokens=2),
+        Event(raw=call_start, output=[Output(OutputKind.TOOL_NAME, "f", 1, 0, 0)], tokens=1),
+        piece(OutputKind.TOOL_ARGUMENTS, "{}", 0),
+    ]
+    response = Response.model_validate(run(encoder(), events)[-1]["response"])
+    reasoning, call = response.output
+    assert reasoning.type == "reasoning" and reasoning.encrypted_content
+    assert call.type == "function_call" and call.call_id == "toolu_1"
+    follow = [
+        {"role": "user", "content": "hi"},
+        *[item.model_dump(exclude_none=True) for item in response.output],
+        {"type": "function_call_output", "call_id": "toolu_1", "output": "done"},
+    ]
+    chat = parse_responses_request(
+        json.dumps({"model": "m", "input": follow, "reasoning": {"effort": "low"}}).encode()
+    )
+    turns = messages_body(chat, "claude", 4000, stream=False)["messages"]
+    assistant = turns[1]
+    assert assistant["role"] == "assistant"
+    assert assistant["content"][0] == {
+        "type": "thinking", "thinking": "Let me think.", "signature": "c2ln"
+    }  # fmt: skip
+    assert assistant["content"][1]["type"] == "tool_use"
+
+
+def test_encrypted_content_the_gateway_did_not_make_is_not_read() -> None:
+    item = {"type": "reasoning", "summary": [], "encrypted_content": "gAAAAB-openai-own"}
+    chat = parse_responses_request(
+        json.dumps({"model": "m", "input": [item, {"role": "user", "content": "hi"}]}).encode()
+    )
+    assert chat.body["messages"] == [{"role": "user", "content": "hi"}]
+    forged = {**item, "encrypted_content": "hardcap.thinking.v1:!!"}
+    with pytest.raises(InvalidRequest) as refused:
+        parse_responses_request(
+            json.dumps({"model": "m", "input": [forged, {"role": "user", "content": "x"}]}).encode()
+        )
+    assert refused.value.param == "input[0].encrypted_content"
