@@ -1,6 +1,7 @@
 """A quote: what a request would cost and whether it would be admitted now, without calling the
 upstream, reserving, or writing a usage record (`POST /v1/hardcap/quote` with an OpenAI chat
-body, `POST /v1/messages/quote` with an Anthropic Messages body).
+or Responses body, `POST /v1/messages/quote` with an Anthropic Messages body,
+`POST /v1/embeddings/quote` with an embeddings body).
 
 The request is parsed, authenticated, routed and priced exactly as a chat request is; its input
 is the route's tokenizer count where it has one better than the bound. The budgets are read
