@@ -39,7 +39,7 @@ from hardcap_core.gateway.failover import Targets
 from hardcap_core.gateway.loop_lag import LoopLag
 from hardcap_core.gateway.meter import Meter, MeterSettings, SettleFallback
 from hardcap_core.gateway.metrics import record_request
-from hardcap_core.gateway.pace import Listened
+from hardcap_core.gateway.pace import Listened, RouteRate
 from hardcap_core.gateway.queue import Wakeups, admit_in_turn
 from hardcap_core.gateway.relay import Relay
 from hardcap_core.gateway.response import RelayResponse
@@ -121,6 +121,8 @@ class Gateway:
         # Per route: its input bound, and its tokenizer's count where that changes a decision.
         self.counts = InputCounts(config, providers)
         self.estimators = {name: self._estimator(r) for name, r in config.routes.items()}
+        # Per route: its provider's speed in this process, for cuts of barely measured streams.
+        self.rates = {name: RouteRate() for name in config.routes}
         g = config.gateway
         self.meter_settings = MeterSettings.of(g)
 
@@ -386,6 +388,7 @@ class Gateway:
             admitted_in_s=time.perf_counter() - arrived,
             queue_wait_s=waited.seconds,
             loop_lag=self.loop_lag.recent_max_s,
+            route_rate=self.rates.get(route.name),
             on_settled=lambda: self.wakeups.freed(principal.scope),
         )
         return Admission(meter, headers, room, inputs.reserved_count)
