@@ -414,10 +414,7 @@ def print_table(result: dict[str, Any], out: Path) -> None:
         e, f = s["error_tokens"], s["error_fraction"] or {}
         tokens = "/".join(f"{e[k]:+.1f}" for k in ("mean", "p50", "p95", "max", "min"))
         share = "/".join(f"{f.get(k, 0):+.1%}" for k in ("mean", "p50", "p95", "max", "min"))
-        print(
-            f"{head} {s['cut_streams']:>4} {s['under_charged']:>5}  "
-            f"{tokens:<34} {share}"
-        )
+        print(f"{head} {s['cut_streams']:>4} {s['under_charged']:>5}  {tokens:<34} {share}")
 
 
 if __name__ == "__main__":

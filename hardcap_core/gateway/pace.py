@@ -23,7 +23,7 @@ lag. Once the upstream is closed, the time it took is known: :meth:`Pace.charged
 provider's rate (this stream's, or the route's while the stream's is barely measured) times the
 time since the last read (until the wait for the next one began, plus the loop's lag to notice
 it), capped by that time: a loaded gateway's lag is no longer charged as tokens the provider
-never made (a lease of 20,000 fully charged for 65-67% of it generated, issue 32).
+never made (a lease of 20,000 was fully charged for 65-67% of it generated).
 """
 
 from __future__ import annotations

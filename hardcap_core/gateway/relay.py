@@ -121,7 +121,7 @@ class Relay:
         usage = self._usage if outcome is Outcome.COMPLETED else None
         charged = Charged(
             meter.charged_input, meter.charged_output, usage, meter.charged_cost,
-            estimate=outcome.cut and meter.final is None,  # as the usage record's `est`
+            estimate=meter.estimated,  # as the usage record's `est`
         )  # fmt: skip
         return self.encoder.close(for_length=outcome.cut, charged=charged)
 
