@@ -24,11 +24,14 @@ Each run also sums what the mock billed each tenant (prompt and completion token
 request it recorded for it, cut or not): the share of the budget spent on billed tokens, and
 whether any tenant was billed past its budget. ``--fanout`` is the lease-sized case of
 tests/e2e/test_leases.py: one tenant, a 20,000-token budget, 100 streams at once over the two
-gateways, a provider of 500 tokens a second (2 ms a token), three runs.
+gateways, a provider of 500 tokens a second (2 ms a token), three runs. ``--starve N`` runs N
+busy-loop processes beside each scenario's runs (bench/lib/starve.py), so the gateways' loops
+run late as on a loaded machine: the case where the old charge paid for the lag.
 
     python -m bench cut_charge            # < 3 min
     python -m bench cut_charge --quick    # about 1 min
     python -m bench cut_charge --fanout   # about 1 min
+    python -m bench cut_charge --fanout --starve 2   # the same, beside 2 busy processes
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from bench.budget.budget_runs import (
     warm_up,
     warmup_entries,
 )
-from bench.lib import stack
+from bench.lib import stack, starve
 from bench.lib.machine import CpuWatch, machine_info, pids_of, write_json
 from hardcap_core.local.valkey import LocalValkey
 from tests.load.harness import REQUEST_TIMEOUT_S, chat_body, retry_after_s
@@ -83,6 +86,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument(
         "--fanout", action="store_true", help="one tenant, 20,000 tokens, 100 streams, 2 ms"
+    )
+    p.add_argument(
+        "--starve", type=int, default=0, help="busy-loop processes (nice 0) beside every scenario"
     )
     ns = p.parse_args(argv)
     if ns.quick:
@@ -319,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         "parameters": {
             "quick": ns.quick,
             "fanout": ns.fanout,
+            "starve_processes": ns.starve,
             "budget_tokens": ns.budget,
             "budget_dimension": "total_tokens",
             "tenants_at_once": ns.tenants,
@@ -363,18 +370,20 @@ def main(argv: list[str] | None = None) -> int:
                     for mode in modes:
                         for conc in levels:
                             bar.set_postfix_str(f"{mode.name} x{conc}")
-                            watch = CpuWatch(pids).start()
                             before = (
                                 p95_consensus(valkey.url, mode.name) if mode.learns_p95 else None
                             )
                             rows, infos = [], []
-                            for run in range(ns.runs):
-                                got, info = run_scenario(
-                                    ns, mode, conc, run, urls, mock.url, valkey.url, tenants
-                                )
-                                rows += got
-                                infos.append(info)
-                                bar.update(1)
+                            with starve.Hogs(ns.starve) as hogs:
+                                watch = CpuWatch({**pids, **hogs.pids()}).start()
+                                for run in range(ns.runs):
+                                    got, info = run_scenario(
+                                        ns, mode, conc, run, urls, mock.url, valkey.url, tenants
+                                    )
+                                    rows += got
+                                    infos.append(info)
+                                    bar.update(1)
+                                cpu = watch.stop()
                             result["streams"] += rows
                             result["scenarios"].append(
                                 {
@@ -383,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "concurrency": conc,
                                     "p95_before": before,
                                     "runs": infos,
-                                    "cpu": watch.stop(),
+                                    "cpu": cpu,
                                     "summary": summarize(rows),
                                     "spent": spent(infos, ns.budget),
                                 }
