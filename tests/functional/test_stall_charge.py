@@ -18,6 +18,8 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hardcap_core.budgets import Dimension, Level, LevelKind
 from hardcap_core.errors import UpstreamTimeout
@@ -204,3 +206,33 @@ def test_a_stream_cut_before_its_speed_is_known_is_charged_the_routes() -> None:
     assert short.charged(4, 0.05, 0.0) == 4 + 3
     assert short.charged(4, 0.05, 0.0, rate.rate) - 4 in (25, 26)
     assert long.charged(4, 0.05, 0.0, 1000.0) == long.charged(4, 0.05, 0.0)  # its own is known
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    reads=st.lists(st.tuples(st.floats(0.0, 0.5), st.integers(0, 40)), min_size=1, max_size=60),
+    idle=st.floats(0.0, 3.0),
+    waiting=st.none() | st.floats(0.0, 3.0),
+    lag=st.floats(0.0, 2.0),
+)
+def test_the_charge_of_a_cut_is_never_more_than_the_deciding_guess(
+    reads: list[tuple[float, int]], idle: float, waiting: float | None, lag: float
+) -> None:
+    """Whatever the reads, the wait and the loop's lag: the tokens in flight a cut is charged
+    are at most the guess that decided it (the same speed, margin and guard; no lag added but
+    while waiting), and at least the guard and the margin."""
+    from hardcap_core.gateway.pace import Pace
+
+    now = [0.0]
+    pace = Pace(lambda: now[0])
+    pace.read(0)
+    for gap, tokens in reads:
+        now[0] += gap
+        pace.read(tokens)
+    if waiting is not None:
+        now[0] += waiting
+        pace.listen()
+    now[0] += idle
+    charged = pace.charged(4, 0.05, lag)
+    assert 4 <= charged <= pace.in_flight(4, 0.05, lag)
+    assert pace.charged(4, 0.05, lag, route_rate=1e6) >= charged
