@@ -134,6 +134,16 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                 "--fanout --out bench/results/cut-charge-fanout-before.json",
                 "docs/design.md (cut streams under fan-out, before: on an export of 9d93000)",
             ),
+            Result(
+                "cut-charge-fanout-starved.json",
+                "--fanout --starve 2 --out bench/results/cut-charge-fanout-starved.json",
+                "docs/design.md (cut streams under fan-out, starved)",
+            ),
+            Result(
+                "cut-charge-fanout-starved-before.json",
+                "--fanout --starve 2 --out bench/results/cut-charge-fanout-starved-before.json",
+                "docs/design.md (cut streams under fan-out, starved, before: on 9d93000)",
+            ),
         ),
     ),
     Benchmark(

@@ -84,6 +84,7 @@ BLOCKS = {
     "meter-starved": "overshoot-starved.json, -time-only.json, -before.json",
     "cut-charge": "cut-charge.json",
     "cut-charge-fanout": "cut-charge-fanout.json",
+    "cut-charge-fanout-starved": "cut-charge-fanout-starved.json, -starved-before.json",
     "loop-lag": "loop-lag.json, loop-lag-shed-500.json, loop-lag-shed-1000.json",
     "catalogue": "bench/catalogue.py and every result file",
 }
@@ -446,6 +447,15 @@ def build(
     fanout = cut_charge.with_name("cut-charge-fanout.json") if cut_charge else None
     if fanout and (data := read(fanout)):
         blocks["cut-charge-fanout"] = stamp(cut_charge_fanout_table(data), fanout)
+    starved = {
+        label: (path, data)
+        for label, name in (("before", "-starved-before"), ("now", "-starved"))
+        if fanout and (data := read(path := fanout.with_name(f"cut-charge-fanout{name}.json")))
+    }
+    if starved:
+        tables = [f"{label}:\n\n{cut_charge_fanout_table(d)}" for label, (_, d) in starved.items()]
+        captions = "  \n".join(measured(path) for path, _ in starved.values())
+        blocks["cut-charge-fanout-starved"] = "\n\n".join([*tables, captions])
     if loop_lag and (data := read(loop_lag)):
         shed = {name: run for name in SHED_RUNS if (run := read(loop_lag.with_name(name)))}
         captions = "  \n".join(
