@@ -122,7 +122,29 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "cut_charge",
         "what a stream cut at the budget is charged against what the provider made",
         REQUEST_PATH,
-        (Result("cut-charge.json", "", "docs/design.md (cut streams)"),),
+        (
+            Result("cut-charge.json", "", "docs/design.md (cut streams)"),
+            Result(
+                "cut-charge-fanout.json",
+                "--fanout --out bench/results/cut-charge-fanout.json",
+                "docs/design.md (cut streams under fan-out)",
+            ),
+            Result(
+                "cut-charge-fanout-before.json",
+                "--fanout --out bench/results/cut-charge-fanout-before.json",
+                "docs/design.md (cut streams under fan-out, before: on an export of 9d93000)",
+            ),
+            Result(
+                "cut-charge-fanout-starved.json",
+                "--fanout --starve 2 --out bench/results/cut-charge-fanout-starved.json",
+                "docs/design.md (cut streams under fan-out, starved)",
+            ),
+            Result(
+                "cut-charge-fanout-starved-before.json",
+                "--fanout --starve 2 --out bench/results/cut-charge-fanout-starved-before.json",
+                "docs/design.md (cut streams under fan-out, starved, before: on 9d93000)",
+            ),
+        ),
     ),
     Benchmark(
         "tpm_window",

@@ -34,7 +34,7 @@ from bench.lib.report_coldstart_phases import RUNS as PHASE_RUNS
 from bench.lib.report_coldstart_phases import coldstart_phases_table
 from bench.lib.report_coldstart_server import coldstart_server_table
 from bench.lib.report_coldstart_transports import coldstart_transports_table
-from bench.lib.report_cut_charge import cut_charge_table
+from bench.lib.report_cut_charge import cut_charge_fanout_table, cut_charge_table
 from bench.lib.report_failover import failover_table
 from bench.lib.report_format import before_refusal, failed, ms, num, pct, queue_wait
 from bench.lib.report_goals import goals_table
@@ -83,6 +83,8 @@ BLOCKS = {
     "input-estimate": "input-estimate.json",
     "meter-starved": "overshoot-starved.json, -time-only.json, -before.json",
     "cut-charge": "cut-charge.json",
+    "cut-charge-fanout": "cut-charge-fanout.json",
+    "cut-charge-fanout-starved": "cut-charge-fanout-starved.json, -starved-before.json",
     "loop-lag": "loop-lag.json, loop-lag-shed-500.json, loop-lag-shed-1000.json",
     "catalogue": "bench/catalogue.py and every result file",
 }
@@ -442,6 +444,18 @@ def build(
             blocks["meter-starved"] = f"{meter_starved_table(meters)}\n\n{captions}"
     if cut_charge and (data := read(cut_charge)):
         blocks["cut-charge"] = stamp(cut_charge_table(data), cut_charge)
+    fanout = cut_charge.with_name("cut-charge-fanout.json") if cut_charge else None
+    if fanout and (data := read(fanout)):
+        blocks["cut-charge-fanout"] = stamp(cut_charge_fanout_table(data), fanout)
+    starved = {
+        label: (path, data)
+        for label, name in (("before", "-starved-before"), ("now", "-starved"))
+        if fanout and (data := read(path := fanout.with_name(f"cut-charge-fanout{name}.json")))
+    }
+    if starved:
+        tables = [f"{label}:\n\n{cut_charge_fanout_table(d)}" for label, (_, d) in starved.items()]
+        captions = "  \n".join(measured(path) for path, _ in starved.values())
+        blocks["cut-charge-fanout-starved"] = "\n\n".join([*tables, captions])
     if loop_lag and (data := read(loop_lag)):
         shed = {name: run for name in SHED_RUNS if (run := read(loop_lag.with_name(name)))}
         captions = "  \n".join(
@@ -493,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipe-ab", type=Path, help="default RESULTS/wrk-pipe-ab.json")
     p.add_argument("--input-estimate", type=Path, help="default RESULTS/input-estimate.json")
     p.add_argument("--starved", type=Path, help="default RESULTS/overshoot-starved.json (+ beside)")
-    p.add_argument("--cut-charge", type=Path, help="default RESULTS/cut-charge.json")
+    p.add_argument("--cut-charge", type=Path, help="default RESULTS/cut-charge.json (+ -fanout)")
     p.add_argument("--loop-lag", type=Path, help="default RESULTS/loop-lag.json (+ -shed-* beside)")
     p.add_argument("--phases", type=Path, help="default RESULTS/coldstart-phases.json (+ before)")
     p.add_argument("--transports", type=Path, help="default RESULTS/coldstart-transports.json")

@@ -20,8 +20,18 @@ route; several tenants with a small total_tokens budget each spend it at once th
 Each run starts from fresh budgets (every Valkey key but the p95 estimators' deleted) and a
 reset mock; the p95 route is warmed once with non-streamed replies on a separate tenant.
 
+Each run also sums what the mock billed each tenant (prompt and completion tokens of every
+request it recorded for it, cut or not): the share of the budget spent on billed tokens, and
+whether any tenant was billed past its budget. ``--fanout`` is the lease-sized case of
+tests/e2e/test_leases.py: one tenant, a 20,000-token budget, 100 streams at once over the two
+gateways, a provider of 500 tokens a second (2 ms a token), three runs. ``--starve N`` runs N
+busy-loop processes beside each scenario's runs (bench/lib/starve.py), so the gateways' loops
+run late as on a loaded machine: the case where the old charge paid for the lag.
+
     python -m bench cut_charge            # < 3 min
     python -m bench cut_charge --quick    # about 1 min
+    python -m bench cut_charge --fanout   # about 1 min
+    python -m bench cut_charge --fanout --starve 2   # the same, beside 2 busy processes
 """
 
 from __future__ import annotations
@@ -50,7 +60,7 @@ from bench.budget.budget_runs import (
     warm_up,
     warmup_entries,
 )
-from bench.lib import stack
+from bench.lib import stack, starve
 from bench.lib.machine import CpuWatch, machine_info, pids_of, write_json
 from hardcap_core.local.valkey import LocalValkey
 from tests.load.harness import REQUEST_TIMEOUT_S, chat_body, retry_after_s
@@ -74,9 +84,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-pause", type=float, default=1.0, help="longest budget_busy pause, s")
     p.add_argument("--time-limit", type=float, default=30.0, help="s per run, at most")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--fanout", action="store_true", help="one tenant, 20,000 tokens, 100 streams, 2 ms"
+    )
+    p.add_argument(
+        "--starve", type=int, default=0, help="busy-loop processes (nice 0) beside every scenario"
+    )
     ns = p.parse_args(argv)
     if ns.quick:
         ns.concurrency, ns.runs = "32", 1
+    if ns.fanout:
+        ns.tenants, ns.budget, ns.concurrency, ns.pace_ms, ns.runs = 1, 20_000, "100", 2.0, 3
     return ns
 
 
@@ -225,7 +243,14 @@ def run_scenario(
             }
         )
     counts = {k: sum(c[k] for _, c in outcomes) for k in ("busy", "exceeded", "errors")}
+    billed = {t: 0 for t in tenants}  # the mock's bill per tenant, every request it recorded
+    for rid, record in records.items():
+        tenant = rid.split("-", 1)[0]
+        if tenant in billed:
+            billed[tenant] += int(record.get("prompt_tokens") or 0)
+            billed[tenant] += int(record.get("completion_tokens") or 0)
     info = {
+        "billed_tokens": billed,
         "streams": len(streams),
         "length_not_aborted": finished_at_length,
         "stream_errors": sum(bool(s["error"]) for s in streams),
@@ -246,6 +271,17 @@ def percentile(xs: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100) of a non-empty list."""
     ordered = sorted(xs)
     return ordered[max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+def spent(infos: list[dict[str, Any]], budget: int) -> dict[str, Any]:
+    """The share of each tenant's budget the mock billed, over a scenario's runs (least, mean),
+    and how many tenants it billed past their budget."""
+    shares = [n / budget for info in infos for n in info["billed_tokens"].values()]
+    return {
+        "billed_share_min": round(min(shares), 4),
+        "billed_share_mean": round(statistics.fmean(shares), 4),
+        "tenants_billed_over": sum(s > 1 for s in shares),
+    }
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -288,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(),
         "parameters": {
             "quick": ns.quick,
+            "fanout": ns.fanout,
+            "starve_processes": ns.starve,
             "budget_tokens": ns.budget,
             "budget_dimension": "total_tokens",
             "tenants_at_once": ns.tenants,
@@ -332,18 +370,20 @@ def main(argv: list[str] | None = None) -> int:
                     for mode in modes:
                         for conc in levels:
                             bar.set_postfix_str(f"{mode.name} x{conc}")
-                            watch = CpuWatch(pids).start()
                             before = (
                                 p95_consensus(valkey.url, mode.name) if mode.learns_p95 else None
                             )
                             rows, infos = [], []
-                            for run in range(ns.runs):
-                                got, info = run_scenario(
-                                    ns, mode, conc, run, urls, mock.url, valkey.url, tenants
-                                )
-                                rows += got
-                                infos.append(info)
-                                bar.update(1)
+                            with starve.Hogs(ns.starve) as hogs:
+                                watch = CpuWatch({**pids, **hogs.pids()}).start()
+                                for run in range(ns.runs):
+                                    got, info = run_scenario(
+                                        ns, mode, conc, run, urls, mock.url, valkey.url, tenants
+                                    )
+                                    rows += got
+                                    infos.append(info)
+                                    bar.update(1)
+                                cpu = watch.stop()
                             result["streams"] += rows
                             result["scenarios"].append(
                                 {
@@ -352,8 +392,9 @@ def main(argv: list[str] | None = None) -> int:
                                     "concurrency": conc,
                                     "p95_before": before,
                                     "runs": infos,
-                                    "cpu": watch.stop(),
+                                    "cpu": cpu,
                                     "summary": summarize(rows),
+                                    "spent": spent(infos, ns.budget),
                                 }
                             )
                             write_json(out, result)
@@ -369,21 +410,20 @@ def main(argv: list[str] | None = None) -> int:
 def print_table(result: dict[str, Any], out: Path) -> None:
     print(f"\nwrote {out} in {result['seconds']} s")
     print(
-        f"{'scenario':<18} {'cut':>4} {'under':>5}  error tokens mean/p50/p95/max/min"
-        "   as a fraction of generated mean/p50/p95/max/min"
+        f"{'scenario':<18} {'billed':>7} {'over':>4} {'cut':>4} {'under':>5}  error tokens "
+        "mean/p50/p95/max/min   as a fraction of generated mean/p50/p95/max/min"
     )
     for sc in result["scenarios"]:
         s = sc["summary"]
+        b = sc["spent"]
+        head = f"{sc['scenario']:<18} {b['billed_share_min']:>7.1%} {b['tenants_billed_over']:>4}"
         if not s["cut_streams"]:
-            print(f"{sc['scenario']:<18} {0:>4}")
+            print(f"{head} {0:>4}")
             continue
         e, f = s["error_tokens"], s["error_fraction"] or {}
         tokens = "/".join(f"{e[k]:+.1f}" for k in ("mean", "p50", "p95", "max", "min"))
         share = "/".join(f"{f.get(k, 0):+.1%}" for k in ("mean", "p50", "p95", "max", "min"))
-        print(
-            f"{sc['scenario']:<18} {s['cut_streams']:>4} {s['under_charged']:>5}  "
-            f"{tokens:<34} {share}"
-        )
+        print(f"{head} {s['cut_streams']:>4} {s['under_charged']:>5}  {tokens:<34} {share}")
 
 
 if __name__ == "__main__":

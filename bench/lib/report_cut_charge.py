@@ -35,3 +35,28 @@ def cut_charge_table(data: dict[str, Any]) -> str:
             f"| {_shares(summary['error_fraction'])} |"
         )
     return "\n".join(rows)
+
+
+def cut_charge_fanout_table(data: dict[str, Any]) -> str:
+    """The lease-sized case (``cut_charge --fanout``): per route, the share of the budget the
+    provider billed in each run, whether it billed past it, and the cut streams' error."""
+    rows = [
+        "| route | budget | streams | billed share of the budget, per run | billed past it "
+        "| cut streams | under-charged | error, tokens: mean / max |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    budget = data["parameters"]["budget_tokens"]
+    for s in data["scenarios"]:
+        summary, spent = s["summary"], s["spent"]
+        shares = " / ".join(
+            f"{n / budget:.1%}" for run in s["runs"] for n in run["billed_tokens"].values()
+        )
+        under = summary.get("under_charged", 0)
+        e = summary.get("error_tokens")
+        error = f"{e['mean']:+.1f} / {e['max']:+.0f}" if e else "—"
+        rows.append(
+            f"| {ROUTES.get(s['route'], s['route'])} | {budget:,} | {s['concurrency']} "
+            f"| {shares} | {spent['tenants_billed_over']} | {summary['cut_streams']} "
+            f"| {f'**{under}**' if under else under} | {error} |"
+        )
+    return "\n".join(rows)

@@ -42,17 +42,7 @@ class Policy(StrEnum):
     TRUNCATE = "truncate"  # end the stream with finish_reason "length": a hard cap
     ALLOW = "allow"  # let it run to the end and charge it all (may overshoot)
     COUNT_AFTER = "count_after"  # the benchmarks' baseline: reserve nothing, charge at the end
-
-    @property
-    def truncates(self) -> bool:
-        """Whether a stream is ended (finish "length") when its reservation cannot grow; the
-        meter's decisions per policy are :mod:`hardcap_core.gateway.holds`."""
-        return self is Policy.TRUNCATE
-
-    @property
-    def extends(self) -> bool:
-        """Whether a stream's reservation grows while it runs."""
-        return self is not Policy.COUNT_AFTER
+    # What each does is its class in hardcap_core/gateway/money.py (HoldPolicy), named by value.
 
 
 @dataclass(frozen=True, slots=True)

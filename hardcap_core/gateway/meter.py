@@ -10,8 +10,10 @@ after the gateway stops reading. A cut stream is charged that estimate
 counts from the start.
 
 What differs between the route's policies, and for a tenant that failed open (nothing held),
-is asked of one object picked when the meter is built (:mod:`.holds`). Only this module
-writes a meter's state: the pipeline and the failover tell it what happened through methods.
+is asked of one object picked when the meter is built (:mod:`.money`, which also works out
+what an ended request is charged: the meter keeps the live counters and the ledger I/O). Only
+this module writes a meter's state: the pipeline and the failover tell it what happened through
+methods.
 """
 
 from __future__ import annotations
@@ -29,10 +31,9 @@ from hardcap_core.config import Policy, Route
 from hardcap_core.config.settings import DEFAULT_GATEWAY, GatewaySettings
 from hardcap_core.errors import LedgerUnavailable
 from hardcap_core.events import Usage
-from hardcap_core.gateway.charge import settle_charge
-from hardcap_core.gateway.holds import HoldPolicy, hold_policy
 from hardcap_core.gateway.metrics import record_request
-from hardcap_core.gateway.pace import Pace
+from hardcap_core.gateway.money import Ended, HoldPolicy, failed_attempt, policy_for
+from hardcap_core.gateway.pace import Pace, RouteRate
 from hardcap_core.gateway.unseen import SEEN, Unseen
 from hardcap_core.ledger import (
     BudgetState,
@@ -102,8 +103,8 @@ class MeterSettings:
 
 class Meter:
     """Budget accounting for one request. ``reservation`` is None when the tenant fails open:
-    the meter then holds nothing (:class:`.holds.NoHold`); else ``policy`` (the route's) says
-    how the hold behaves."""
+    the meter then holds nothing (:class:`.money.NoHold`); else ``policy`` (the route's, or
+    its object) says how the hold behaves and what the request is charged."""
 
     def __init__(
         self,
@@ -112,7 +113,7 @@ class Meter:
         reservation: Reservation | None,
         settings: MeterSettings,
         *,
-        policy: Policy = Policy.TRUNCATE,
+        policy: Policy | HoldPolicy = Policy.TRUNCATE,
         input_estimate: int,
         estimator: Estimator,
         route: str,
@@ -126,6 +127,7 @@ class Meter:
         admitted_in_s: float = 0.0,
         queue_wait_s: float = 0.0,
         loop_lag: Callable[[], float] | None = None,
+        route_rate: RouteRate | None = None,
         on_settled: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -134,7 +136,7 @@ class Meter:
         self.reservation = reservation
         self.settings = settings
         # Picked once: the route's policy over a hold, or no hold when the tenant failed open.
-        self.policy: HoldPolicy = hold_policy(policy, reserved=reservation is not None)
+        self.policy: HoldPolicy = policy_for(policy, reserved=reservation is not None)
         self.input_estimate = input_estimate
         self.estimator = estimator
         self.route = route
@@ -152,6 +154,7 @@ class Meter:
         self.queue_wait_s = queue_wait_s  # of that, the time it waited in the admission queue
         # The longest recent stall of this process's event loop, in seconds (gateway/loop_lag).
         self._loop_lag = loop_lag or float  # float() is 0.0: no lag
+        self._route_rate = route_rate or RouteRate()  # the route's provider speed, this process
         self._on_settled = on_settled  # budget was released: wake this process's waiters
         self.outcome: Outcome | None = None
         self.reserved = reservation.output_reserved if reservation else 0
@@ -166,6 +169,7 @@ class Meter:
         self.settled = False
         self.final_budgets: tuple[BudgetState, ...] = ()
         self.expiry_charged = False  # the hold had expired and been charged before the settle
+        self.estimated = False  # charged by our estimate: cut without the provider's report
         self.charged_output = 0
         self.charged_input = 0
         self.in_hand = 0  # tokens received from the provider and not yet forwarded
@@ -185,12 +189,10 @@ class Meter:
     def billed_elsewhere(self, target: Route, input_tokens: int) -> None:
         """``target`` took the request (it answered 200) and failed before sending anything;
         another target serves it. The failed one may bill the input: it is charged too."""
-        # As a cut stream is charged: its input, and the least a provider generates.
-        guard = self.settings.guard
-        self.elsewhere_input += input_tokens
-        self.elsewhere_output += guard
-        prices = target.prices.with_terms(self.prices.terms)  # at this request's terms
-        self.elsewhere_cost += prices.cost(input_tokens, guard, 0, input_tokens)
+        bill = failed_attempt(input_tokens, guard=self.settings.guard)
+        self.elsewhere_input += bill.input
+        self.elsewhere_output += bill.output
+        self.elsewhere_cost += bill.cost(target.prices.with_terms(self.prices.terms))
 
     def asked_for(self, max_tokens: int) -> None:
         """The provider was sent ``max_tokens``: it bills no more unless what arrives proves
@@ -228,6 +230,13 @@ class Meter:
         recent stalls, the largest recent read, and the configured least)."""
         s = self.settings
         return self.pace.in_flight(s.guard, s.guard_s, self._loop_lag())
+
+    def charged_in_flight(self) -> int:
+        """Tokens a stream whose upstream is closed is charged past what was read
+        (:meth:`.pace.Pace.charged`: the provider's rate times the time since its last read,
+        the loop's lag not added again)."""
+        s = self.settings
+        return self.pace.charged(s.guard, s.guard_s, self._loop_lag(), self._route_rate.rate)
 
     def generated(self) -> int:
         """What the provider has generated by the time a close now would reach it (estimate),
@@ -282,7 +291,10 @@ class Meter:
                     logger.warning("reservation expired mid-stream", extra={"route": self.route})
                     self.hold_lost = True
             generated = self.generated()  # the call took time: the provider went on
-        if not policy.truncates or not self.exhausted or generated <= self.reserved:
+        # A hold that cannot grow (the budget refused, or the policy never grows it) ends a
+        # stream of a policy that cuts once the estimate would pass it.
+        grows = policy.extends and not self.exhausted
+        if not policy.truncates or grows or generated <= self.reserved:
             self._forward(tokens)
             return True
         self.truncated = True
@@ -352,37 +364,40 @@ class Meter:
                     return
                 await asyncio.sleep(HEARTBEAT_RETRY_S)
 
+    def ended(self, usage: Usage | None = None) -> Ended:
+        """What this meter knows of the request's output now, for its policy's charge
+        (:meth:`.money.HoldPolicy.charge`); ``usage``: a whole reply's report."""
+        return Ended(
+            input_estimate=self.input_estimate,
+            received=self.unseen.tokens + self.seen + self.in_hand,
+            in_flight=self.charged_in_flight, reserved=self.reserved, unseen=self.unseen,
+            final=usage if self.whole else self.final, ledger_failed=self.ledger_failed,
+            asked=self.asked, received_least=self.received_least,
+        )  # fmt: skip
+
     def estimated_output(self) -> int:
         """Output to charge for a stream the gateway cut (truncated, client gone, deadline,
         failed): what the provider generated by our estimate, as the hold policy charges it
-        (:meth:`.holds.HoldPolicy.ended_output`)."""
-        known = self.unseen.tokens + self.seen + self.in_hand
-        return self.policy.ended_output(
-            known, self.in_flight(), self.reserved, ledger_failed=self.ledger_failed,
-            asked=self.asked, received_least=self.received_least,
-        )  # fmt: skip
+        (:meth:`.money.HoldPolicy.ended_output`)."""
+        return self.policy.ended_output(self.ended())
 
     async def settle(self, outcome: Outcome, usage: Usage | None = None) -> None:
         """Charge the request once, by how it ended.
 
-        By :func:`.charge.settle_charge`: ``usage`` is the provider's last report, the bill if
-        final (a whole reply's, or read with the finish: :meth:`note_read`). Only completed
-        replies feed the output-length estimator; the charge and the sample go out together."""
+        By its policy (:meth:`.money.HoldPolicy.charge`): ``usage`` is the provider's last
+        report, the bill if final (a whole reply's, or read with the finish: :meth:`note_read`).
+        Only completed replies feed the output-length estimator; the charge and the sample go
+        out together."""
         if self.settled:
             return
         self.settled = True
         self.outcome = outcome
-        bill = settle_charge(
-            outcome, usage, final=usage if self.whole else self.final,
-            input_estimate=self.input_estimate, ended_output=self.estimated_output,
-            received=self.unseen.tokens + self.seen + self.in_hand,
-            least_output=self.policy.least_output(
-                self.unseen, self.reserved, self.asked, self.received_least),
-        )  # fmt: skip
+        self._route_rate.observe(self.pace)
+        bill = self.policy.charge(outcome, usage, self.ended(usage))
         self.charged_input, self.charged_output = bill.input, bill.output
+        self.estimated = bill.estimated
         if outcome.cut:
             usage = self.final
-        estimated = outcome.cut and usage is None
         self.charged_cost = bill.cost(self.prices)  # at the tier and split it reports
         if self.elsewhere_input:
             self.charged_input += self.elsewhere_input
@@ -390,7 +405,7 @@ class Meter:
             self.charged_cost += self.elsewhere_cost
         note = SettleNote(
             outcome=outcome.value,
-            estimate=estimated,
+            estimate=bill.estimated,
             reasoning_tokens=(usage.reasoning_tokens or 0) if usage else 0,
             cached_input_tokens=(usage.cached_input_tokens or 0) if usage else 0,
             model=self.served.model if self.served else "",

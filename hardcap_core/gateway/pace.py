@@ -16,6 +16,14 @@ provider that streams everything it generates, and sent nothing, generated nothi
 it sends in batches is in the stall margin; what is on the wire, in ``guard_s`` and the loop's
 lag). A silent provider may still think unseen: that output is not in flight but unseen, and
 is held and charged on its own (:mod:`.unseen`).
+
+Deciding when to stop and charging a stream once stopped are two questions. Before the close,
+the gateway may stall again before it goes out: :meth:`Pace.in_flight` adds the loop's recent
+lag. Once the upstream is closed, the time it took is known: :meth:`Pace.charged` is the
+provider's rate (this stream's, or the route's while the stream's is barely measured) times the
+time since the last read (until the wait for the next one began, plus the loop's lag to notice
+it), capped by that time: a loaded gateway's lag is no longer charged as tokens the provider
+never made (a lease of 20,000 was fully charged for 65-67% of it generated).
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ from types import TracebackType
 from hardcap_core.events import Read
 
 SPEED_MIN_S = 0.1  # the provider's speed is measured over at least this long
+# A stream's speed measured over less than this is no better than the route's: the charge
+# takes the faster of the two (a route's rate is learnt from streams measured at least this long).
+RATE_TRUSTED_S = 0.5
 STALL_WINDOW = 32  # reads over which the largest read is remembered
 
 
@@ -66,6 +77,36 @@ class Pace:
         if self._listening is None:
             self._listening = self._clock()
 
+    def speed(self) -> float:
+        """Output tokens per second arriving since the first read (0 before a second read)."""
+        if self._first_read is None:
+            return 0.0
+        return self._arrived / max(self._read_at - self._first_read, SPEED_MIN_S)
+
+    def measured_s(self) -> float:
+        """How long the speed has been measured over."""
+        return 0.0 if self._first_read is None else self._read_at - self._first_read
+
+    def charged(self, guard: int, guard_s: float, lag_s: float, route_rate: float = 0.0) -> int:
+        """The tokens in flight a stream whose upstream was closed by now is charged: the guard,
+        the stall margin, and the rate (this stream's; the faster of it and ``route_rate``
+        while it is measured over less than :data:`RATE_TRUSTED_S`) times the time since the
+        last read plus ``guard_s`` for the provider to notice. Time the gateway spent waiting
+        for a read counts only up to ``lag_s`` (it may have been that late to take a read that
+        came); the loop's lag is otherwise not added: the clock already ran through it.
+
+        Never more than :meth:`in_flight` with the same arguments at this moment, bar the
+        route's rate."""
+        if self._first_read is None:
+            return guard
+        speed = self.speed()
+        if self.measured_s() < RATE_TRUSTED_S:
+            speed = max(speed, route_rate)
+        now = self._clock()
+        until = now if self._listening is None else min(self._listening + lag_s, now)
+        behind = until - self._read_at + guard_s
+        return guard + self._stall + math.ceil(speed * behind)
+
     def in_flight(self, guard: int, guard_s: float, lag_s: float) -> int:
         """Tokens generated past what was read, or before a close sent now is noticed: the
         speed times (the time behind since the last read + ``guard_s`` to notice + ``lag_s``,
@@ -74,11 +115,27 @@ class Pace:
         ends when the gateway began waiting for the next read (see the module)."""
         if self._first_read is None:
             return guard
-        elapsed = max(self._read_at - self._first_read, SPEED_MIN_S)
-        speed = self._arrived / elapsed  # tokens per second arriving since the first read
+        speed = self.speed()
         until = self._clock() if self._listening is None else self._listening
         behind = until - self._read_at + guard_s + lag_s
         return guard + self._stall + math.ceil(speed * behind)
+
+
+class RouteRate:
+    """How fast a route's provider streams in this process: the fastest of its recent streams
+    whose speed was measured over at least :data:`RATE_TRUSTED_S` (each new one counts in full
+    if faster, else pulls the rate a quarter of the way down), so a stream cut before its own
+    rate is known is charged the route's."""
+
+    def __init__(self) -> None:
+        self.rate = 0.0  # tokens per second
+
+    def observe(self, pace: Pace) -> None:
+        """A stream of the route ended at ``pace``."""
+        if pace.measured_s() < RATE_TRUSTED_S:
+            return
+        speed = pace.speed()
+        self.rate = speed if speed > self.rate else self.rate + (speed - self.rate) / 4
 
 
 class Listened(AbstractAsyncContextManager[AsyncIterator[Read]]):

@@ -21,10 +21,9 @@ from starlette.responses import JSONResponse, Response
 
 from hardcap_core import json_codec
 from hardcap_core.chat import ANTHROPIC_MESSAGES, ChatRequest
-from hardcap_core.config import Config, Policy, Principal, Route
+from hardcap_core.config import Config, Principal, Route
 from hardcap_core.errors import (
     ConfigStale,
-    InvalidRequest,
     LedgerUnavailable,
     NotFound,
     PayloadTooLarge,
@@ -32,18 +31,17 @@ from hardcap_core.errors import (
     ServiceUnavailable,
     UpstreamMalformed,
 )
-from hardcap_core.gateway.answers import output_room, refusal, upstream_states, usage_row
+from hardcap_core.gateway.answers import refusal, upstream_states, usage_row
 from hardcap_core.gateway.callers import Callers
-from hardcap_core.gateway.charge import request_prices
 from hardcap_core.gateway.failover import Targets
 from hardcap_core.gateway.loop_lag import LoopLag
 from hardcap_core.gateway.meter import Meter, MeterSettings, SettleFallback
 from hardcap_core.gateway.metrics import record_request
-from hardcap_core.gateway.pace import Listened
+from hardcap_core.gateway.money import output_cap, policy_for, request_prices
+from hardcap_core.gateway.pace import Listened, RouteRate
 from hardcap_core.gateway.queue import Wakeups, admit_in_turn
 from hardcap_core.gateway.relay import Relay
 from hardcap_core.gateway.response import RelayResponse
-from hardcap_core.gateway.unseen import SEEN, unseen_output
 from hardcap_core.ledger import (
     Admitted,
     BudgetState,
@@ -122,6 +120,8 @@ class Gateway:
         # Per route: its input bound, and its tokenizer's count where that changes a decision.
         self.counts = InputCounts(config, providers)
         self.estimators = {name: self._estimator(r) for name, r in config.routes.items()}
+        # Per route: its provider's speed in this process, for cuts of barely measured streams.
+        self.rates = {name: RouteRate() for name in config.routes}
         g = config.gateway
         self.meter_settings = MeterSettings.of(g)
 
@@ -154,14 +154,7 @@ class Gateway:
             principal = self.callers.for_request(principal, chat)
             route = self.route_for(chat.model, principal)
             check_pdf_pages(chat.body, route.max_pdf_pages)  # a 400 past the route's cap
-            limit = route.max_output_tokens
-            if chat.max_tokens is not None and chat.max_tokens > limit:
-                raise InvalidRequest(
-                    f"'{chat.max_tokens_field}' is {chat.max_tokens}; the most this model "
-                    f"allows here is {limit}.",
-                    param=chat.max_tokens_field,
-                )
-            max_tokens = chat.max_tokens or limit
+            max_tokens = output_cap(route, chat)  # or a 400
             meta = ReservationMeta(
                 route.name, route.model, principal.key_id, request_id, principal.tenant_id,
                 principal.org_id or "", route.upstream.name, principal.user,
@@ -190,10 +183,7 @@ class Gateway:
             return await self._complete(route, chat, admission, max_tokens, wire)
         targets = self._targets(route, admission.meter)
         same = self._same_dialect(route, wire)
-        # Defence in depth: the provider is asked for no more than the budgets had left, so
-        # even output the meter failed to count cannot take the stream past them.
-        room = admission.output_room
-        upstream_cap = max_tokens if room is None else min(max_tokens, room)
+        upstream_cap = admission.meter.policy.stream_cap(max_tokens, admission.output_room)
         admission.meter.asked_for(upstream_cap)
         relay = Relay(
             Listened(targets.stream(chat, upstream_cap), admission.meter.pace),
@@ -279,25 +269,16 @@ class Gateway:
         deadline: float | None,
         request: Request,
     ) -> Admission:
-        policy = route.policy
+        money = policy_for(route.policy)  # what it holds, may generate and is charged
         estimator = self.estimators[route.name]
         # The cheap bound first; the route's count where it always wants it, or (admit, below)
         # where the bound does not fit (tokenize/routes.py).
         inputs = await self.counts.reserving(route, chat)
-        held, prices = request_prices(self.config, route, chat.body, inputs.tokens)  # or a 400
-        if policy is Policy.COUNT_AFTER:
-            estimate = 1  # the baseline: the budget sees nothing of the reply until it ends
-        elif chat.stream:
-            estimate = await estimator.estimate(
-                route.name, max_tokens, tenant=principal.tenant_id
-            )  # never raises: without the budget server it estimates max_tokens
-        else:
-            estimate = max_tokens  # a reply that cannot be cut is capped at what is reserved
-        # Output the provider bills without streaming it is reserved up front (gateway/unseen.py).
-        unseen = unseen_output(route, chat, max_tokens) if chat.stream and policy.extends else SEEN
-        estimate = unseen.hold(estimate, max_tokens, route.min_output_reservation)
-        least = unseen.least(route.min_output_reservation, max_tokens)
-        least = min(least, estimate) if policy.truncates else estimate
+        held, prices = request_prices(self.config, route, chat, inputs.tokens)  # or a 400
+        expected = None
+        if money.asks_estimate(chat.stream):  # never raises: without the budget server, the cap
+            expected = await estimator.estimate(route.name, max_tokens, tenant=principal.tenant_id)
+        hold = money.hold(route, chat, max_tokens, expected)  # as the quote works it out
         rid = uuid.uuid4().hex
         g = self.config.gateway
 
@@ -306,12 +287,12 @@ class Gateway:
 
         def reserve(ticket_ms: int, input_tokens: int, record_refusal: bool) -> Any:
             nonlocal held, prices
-            held, prices = request_prices(self.config, route, chat.body, input_tokens)
+            held, prices = request_prices(self.config, route, chat, input_tokens)
             return self.ledger.admit(
                 principal.scope,
                 input_tokens=input_tokens,
-                output_estimate=estimate,
-                min_output=least,
+                output_estimate=hold.estimate,
+                min_output=hold.least,
                 prices=held,
                 reservation_id=rid,
                 # No lease without the budget server: a request under one fails closed.
@@ -365,17 +346,14 @@ class Gateway:
             assert isinstance(result, Admitted)
             reservation = result.reservation
             headers = wire.budget_headers(result.budgets, result.rates, result.server_time_ms)
-            if policy.truncates:
-                room = output_room(result, held)
-            if policy.truncates and unseen.whole:  # one it cannot see it cannot cut: ask the hold
-                room = reservation.output_reserved
+            room = money.room(result, held, hold.unseen)
         headers.update(wait_header)
         meter = Meter(
             self.ledger,
             principal.scope,
             reservation,
             self.meter_settings,
-            policy=policy,
+            policy=money,
             input_estimate=inputs.tokens,
             estimator=estimator,
             route=route.name,
@@ -385,10 +363,11 @@ class Gateway:
             unguarded_id=unguarded_id,
             fallback=self.fallback,
             upstream=route.upstream.name,
-            unseen=unseen,
+            unseen=hold.unseen,
             admitted_in_s=time.perf_counter() - arrived,
             queue_wait_s=waited.seconds,
             loop_lag=self.loop_lag.recent_max_s,
+            route_rate=self.rates.get(route.name),
             on_settled=lambda: self.wakeups.freed(principal.scope),
         )
         return Admission(meter, headers, room, inputs.reserved_count)

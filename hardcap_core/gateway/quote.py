@@ -1,6 +1,7 @@
 """A quote: what a request would cost and whether it would be admitted now, without calling the
 upstream, reserving, or writing a usage record (`POST /v1/hardcap/quote` with an OpenAI chat
-body, `POST /v1/messages/quote` with an Anthropic Messages body).
+or Responses body, `POST /v1/messages/quote` with an Anthropic Messages body,
+`POST /v1/embeddings/quote` with an embeddings body).
 
 The request is parsed, authenticated, routed and priced exactly as a chat request is; its input
 is the route's tokenizer count where it has one better than the bound. The budgets are read
@@ -20,11 +21,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from hardcap_core.budgets import Dimension
 from hardcap_core.chat import ChatRequest
-from hardcap_core.config import Policy, Principal, Route
-from hardcap_core.errors import InvalidRequest, LedgerUnavailable, ServiceUnavailable
+from hardcap_core.config import Principal, Route
+from hardcap_core.errors import LedgerUnavailable, ServiceUnavailable
 from hardcap_core.gateway.answers import usage_row
-from hardcap_core.gateway.charge import request_prices
-from hardcap_core.gateway.unseen import SEEN, unseen_output
+from hardcap_core.gateway.money import Hold, output_cap, policy_for, request_prices
 from hardcap_core.ledger.replies import RateState, Usage, UsageRow
 from hardcap_core.wire.openai_input import check_pdf_pages
 
@@ -178,21 +178,15 @@ async def quote(gw: Gateway, raw: bytes, principal: Principal, parse: Any) -> di
     principal = gw.callers.for_request(principal, chat)
     route = gw.route_for(chat.model, principal)
     check_pdf_pages(chat.body, route.max_pdf_pages)
-    limit = route.max_output_tokens
-    if chat.max_tokens is not None and chat.max_tokens > limit:
-        raise InvalidRequest(
-            f"'{chat.max_tokens_field}' is {chat.max_tokens}; the most this model allows "
-            f"here is {limit}.",
-            param=chat.max_tokens_field,
-        )
-    max_tokens = chat.max_tokens or limit
+    max_tokens = output_cap(route, chat)  # or a 400, as the chat endpoint's
     counted = await gw.counts.count(route, chat)
     tokens = gw.counts.bound(route, chat) if counted is None else counted
-    held, prices = request_prices(gw.config, route, chat.body, tokens)  # or a 400
+    held, prices = request_prices(gw.config, route, chat, tokens)  # or a 400
     expected = await gw.estimators[route.name].estimate(
         route.name, max_tokens, tenant=principal.tenant_id
     )
-    ask = _ask(gw, route, chat, principal, tokens, max_tokens, expected, held)
+    hold = policy_for(route.policy).hold(route, chat, max_tokens, expected)  # as admission's
+    ask = _ask(gw, route, principal, tokens, hold, held)
     try:
         usage = await gw.ledger.usage(principal.scope, rates=True)
     except LedgerUnavailable as e:
@@ -229,30 +223,13 @@ def _rate_now(r: RateState) -> RateNow:
 
 
 def _ask(
-    gw: Gateway,
-    route: Route,
-    chat: ChatRequest,
-    principal: Principal,
-    tokens: int,
-    max_tokens: int,
-    expected: int,
-    held: Any,
+    gw: Gateway, route: Route, principal: Principal, tokens: int, hold: Hold, held: Any
 ) -> Ask:
-    """The admit's arguments, worked out as :meth:`Gateway._admit` works them out."""
-    policy = route.policy
-    if policy is Policy.COUNT_AFTER:
-        estimate = 1
-    elif chat.stream:
-        estimate = expected
-    else:
-        estimate = max_tokens
-    unseen = unseen_output(route, chat, max_tokens) if chat.stream and policy.extends else SEEN
-    estimate = unseen.hold(estimate, max_tokens, route.min_output_reservation)
-    least = unseen.least(route.min_output_reservation, max_tokens)
-    least = min(least, estimate) if policy.truncates else estimate
+    """The admit's arguments: ``hold`` as :meth:`Gateway._admit` asks it of the route's policy
+    (:meth:`.money.HoldPolicy.hold`), the rest as it sends them."""
     g = gw.config.gateway
     return Ask(
-        input_tokens=tokens, output_estimate=estimate, min_output=least,
+        input_tokens=tokens, output_estimate=hold.estimate, min_output=hold.least,
         input_nusd=held.input_nusd, output_nusd=held.output_nusd,
         headroom=g.extend_headroom_tokens,
         waits=principal.queue_wait_s(route, g.queue_wait_seconds) > 0,

@@ -121,7 +121,7 @@ class Relay:
         usage = self._usage if outcome is Outcome.COMPLETED else None
         charged = Charged(
             meter.charged_input, meter.charged_output, usage, meter.charged_cost,
-            estimate=outcome.cut and meter.final is None,  # as the usage record's `est`
+            estimate=meter.estimated,  # as the usage record's `est`
         )  # fmt: skip
         return self.encoder.close(for_length=outcome.cut, charged=charged)
 
@@ -136,6 +136,9 @@ class Relay:
         if self._reads is not None:
             self._reads = None
             await self._opened.__aexit__(None, None, None)
+            # A transport closes its socket on the loop's next turn: the settle that follows
+            # charges the time until then (the cut charge, gateway/pace.py), so it comes after.
+            await asyncio.sleep(0)
 
     async def _run(self) -> AsyncGenerator[bytes, None]:
         """Read by read: count the whole read first, so the meter decides knowing what is in

@@ -1,5 +1,6 @@
-"""Output a provider bills without streaming it: what a request on such a route reserves, what
-the meter adds to its live count, and the least a stream that ended without its bill is charged.
+"""Output a provider bills without streaming it: what a request on such a route reserves and what
+the meter adds to its live count; the least a stream that ended without its bill is charged for
+it is :func:`.money.unseen_billed`.
 
 A route says what its provider does (``unseen_output`` in the config; by default by the model's
 family, :data:`hardcap_core.config.schema.UNSEEN_OUTPUT_BY_MODEL`):
@@ -57,16 +58,6 @@ class Unseen:
         than its thinking budget and ``least_output`` (a hold the thinking alone would pass is
         no hold); a whole reply shrinks with the hold, since the provider is asked for it."""
         return min(self.tokens + least_output, cap) if self.tokens else least_output
-
-    def least_billed(self, held: int | None, asked: int | None, received_least: int) -> int:
-        """The least output a stream that ended without the provider's final report is
-        charged: its hold (``held``; when it fails open and holds nothing, the cap it was
-        sent), no more than the ``asked`` cap unless what arrived proves the provider ignored
-        it (``received_least``, one token a piece, is past it); 0 when nothing is unseen."""
-        most = held if held is not None else asked
-        if not self.any or most is None:
-            return 0
-        return most if asked is None or received_least > asked else min(most, asked)
 
 
 SEEN = Unseen()

@@ -3,7 +3,8 @@
 An embedded Valkey, an embedded DynamoDB (moto), the mock upstream, the gateway and the rollup
 on a timer start in this process; then a streamed completion goes through the gateway with
 tenant alpha's demo key, the tenant's usage is printed from ``/v1/hardcap/usage`` (the cache),
-and after one rollup its spend as ``hardcap usage`` reads it from DynamoDB. Without ``--once``
+and after one rollup its spend as ``hardcap usage`` reads it from DynamoDB; then one Responses API
+call and one embeddings call, each with its cost. Without ``--once``
 it keeps serving for curl or an SDK, until Ctrl-C or SIGTERM; either stops the servers and the
 embedded Valkey and DynamoDB.
 """
@@ -25,6 +26,7 @@ import yaml
 
 from hardcap_core import env
 from hardcap_core.local.servers import ThreadServer
+from hardcap_core.wire.base import COST_HEADER
 
 if TYPE_CHECKING:
     from hardcap_core.local.aws import LocalAws
@@ -131,6 +133,7 @@ def _show(
         shown = {k: v for k, v in usage.headers.items() if k.startswith(("x-token", "x-rate"))}
         say("\nbudget headers: " + _pretty(shown))
     _show_rollup(timer)
+    _show_other_apis(base)
     _show_admin(base, *admin)
     if once:
         return 0
@@ -173,6 +176,31 @@ def _show_admin(base: str, url: str, token: str) -> None:
     admin("keys", "revoke", "alpha-live")
     say("\n$ POST /v1/chat/completions with the revoked key")
     say(f"  -> {_one_reply(base, key)}")
+
+
+def _show_other_apis(base: str) -> None:
+    """One Responses API call and one embeddings call with the OpenAI SDK, each with the cost
+    the gateway charged (its `x-hardcap-cost-usd` header)."""
+    import openai
+
+    say = functools.partial(print, flush=True)
+    with openai.OpenAI(base_url=base, api_key=DEMO_KEY, max_retries=0) as client:
+        say("\n$ POST /v1/responses  (responses.create, model demo, max_output_tokens 40)")
+        raw = client.responses.with_raw_response.create(
+            model="demo", input="Why cap a budget hard?", max_output_tokens=40
+        )
+        response = raw.parse()
+        tokens = response.usage.total_tokens if response.usage else 0
+        say(f"  -> {response.status}: {response.output_text!r}")
+        say(f"     {tokens} tokens, ${raw.headers[COST_HEADER]}")
+        say("\n$ POST /v1/embeddings  (embeddings.create, two texts)")
+        raw_vectors = client.embeddings.with_raw_response.create(
+            model="demo", input=["hard budgets", "for every tenant"]
+        )
+        vectors = raw_vectors.parse()
+        size = len(vectors.data[0].embedding) if vectors.data else 0
+        say(f"  -> {len(vectors.data)} vectors of {size} floats")
+        say(f"     {vectors.usage.prompt_tokens} tokens, ${raw_vectors.headers[COST_HEADER]}")
 
 
 def _one_reply(base: str, key: str) -> str:

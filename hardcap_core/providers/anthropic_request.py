@@ -16,7 +16,8 @@ cache miss, billed at the write price). Otherwise:
   a named function → tool; ``parallel_tool_calls: false`` → ``disable_parallel_tool_use``),
   stop → stop_sequences, temperature (Anthropic's range is 0-1: a higher one is sent as 1),
   top_p, the output cap as ``max_tokens`` (Anthropic requires it), a ``thinking`` object
-  as given, ``user`` → ``metadata.user_id``.
+  as given (without one, the budget the request says it thinks with: a Responses reasoning
+  effort), ``user`` → ``metadata.user_id``.
 
 Anthropic requires ``thinking.budget_tokens`` of at least 1,024 and below ``max_tokens``; the
 gateway may cap ``max_tokens`` below what a client asked for (its budget's room), so a budget
@@ -73,6 +74,13 @@ def messages_body(
     if stream:
         out["stream"] = True
     _options(body, out, max_tokens)
+    if body.get("thinking") is None and request.thinking_budget is not None:
+        # A request that thinks by its own account without Anthropic's object (a Responses
+        # reasoning effort): the budget its hold was made for, lowered as a given one is.
+        asked = {"type": "enabled", "budget_tokens": request.thinking_budget}
+        thinking = _thinking(asked, max_tokens)
+        if thinking is not None:
+            out["thinking"] = thinking
     return out
 
 

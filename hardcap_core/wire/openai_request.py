@@ -60,7 +60,7 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     response_format = body.get("response_format")
     if response_format is not None and not isinstance(response_format, dict):
         raise InvalidRequest("'response_format' must be an object.", param="response_format")
-    # A tier changes the price: it is priced by the route or refused (gateway/charge.py).
+    # A tier changes the price: it is priced by the route or refused (gateway/money.py).
     tier = body.get("service_tier")
     if tier is not None and (not isinstance(tier, str) or not tier):
         raise InvalidRequest("'service_tier' must be a non-empty string.", param="service_tier")

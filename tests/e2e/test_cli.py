@@ -59,6 +59,11 @@ def test_demo_streams_a_completion_and_shows_usage(tmp_path: Path) -> None:
     assert '"object": "hardcap.usage"' in out.stdout
     assert '"tenant": "alpha"' in out.stdout
     assert "x-token-budget-remaining" in out.stdout
+    # One Responses call and one embeddings call, each with its cost.
+    assert re.search(
+        r"POST /v1/responses.*\n  -> (completed|incomplete): .*\n .* tokens, \$0\.", out.stdout
+    )
+    assert re.search(r"POST /v1/embeddings.*\n  -> 2 vectors .*\n .* tokens, \$0\.", out.stdout)
     assert "sk-alpha-demo" not in out.stderr  # keys never reach the logs
 
 

@@ -1,4 +1,4 @@
-"""One stream, four hold policies (gateway/holds.py), against a real ledger on a real Valkey.
+"""One stream, four hold policies (gateway/money.py), against a real ledger on a real Valkey.
 
 The same provider (one token per read, 100 tokens per second, 200 tokens) streams into a
 100-token budget under each route policy, and under a tenant that failed open (admission got

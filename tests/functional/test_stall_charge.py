@@ -18,6 +18,8 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hardcap_core.budgets import Dimension, Level, LevelKind
 from hardcap_core.errors import UpstreamTimeout
@@ -154,3 +156,83 @@ async def test_the_time_behind_ends_when_the_gateway_waits_for_a_read() -> None:
     assert waiting.in_flight(4, 0.05, 0.0) == 4 + 3
     waiting.read(1)  # a read came: the next wait starts afresh
     assert waiting.in_flight(4, 0.05, 0.0) == 4 + 1
+
+
+def test_the_loop_lag_stops_a_stream_earlier_but_is_not_charged() -> None:
+    """On a hand clock: 100 tokens a second for a second, then 0.2 s without a read while the
+    gateway was busy, its loop lately a second late. Deciding, that second is a margin (the
+    close may go out that late); charging once the upstream is closed, the clock already ran
+    through any stall: the provider made its speed times the 0.2 s, no more."""
+    from hardcap_core.gateway.pace import Pace
+
+    now = [1000.0]
+    pace = Pace(lambda: now[0])
+    pace.read(0)
+    for _ in range(100):
+        now[0] += PACE_S
+        pace.read(1)
+    now[0] += 0.2
+    assert pace.in_flight(4, 0.05, 1.0) - 4 in (125, 126)  # (0.2 + 0.05 + 1.0) s at 100 a second
+    assert pace.charged(4, 0.05, 1.0) - 4 in (25, 26)  # (0.2 + 0.05) s
+    assert pace.charged(4, 0.05, 0.0) == pace.in_flight(4, 0.05, 0.0)
+    pace.listen()  # waiting for a read from now: only the loop's lag may hide one that came
+    now[0] += 3.0
+    assert pace.charged(4, 0.05, 1.0) - 4 in (125, 126)
+    assert pace.charged(4, 0.05, 0.1) - 4 in (35, 36)
+
+
+def test_a_stream_cut_before_its_speed_is_known_is_charged_the_routes() -> None:
+    """Two reads 20 ms apart say little of a provider's speed: the route's, learnt from a
+    stream measured over a second, is charged while the stream's own is faster or unknown."""
+    from hardcap_core.gateway.pace import Pace, RouteRate
+
+    now = [1000.0]
+    rate = RouteRate()
+    long = Pace(lambda: now[0])
+    long.read(0)
+    for _ in range(100):
+        now[0] += PACE_S
+        long.read(1)
+    rate.observe(long)
+    assert rate.rate == pytest.approx(100.0)
+    short = Pace(lambda: now[0])
+    short.read(0)
+    now[0] += 0.02
+    short.read(1)
+    rate.observe(short)  # too short to say anything of the route
+    assert rate.rate == pytest.approx(100.0)
+    now[0] += 0.2
+    # Its own: 1 token over the least 0.1 s, 10 a second; the route's: 100 a second.
+    assert short.charged(4, 0.05, 0.0) == 4 + 3
+    assert short.charged(4, 0.05, 0.0, rate.rate) - 4 in (25, 26)
+    assert long.charged(4, 0.05, 0.0, 1000.0) == long.charged(4, 0.05, 0.0)  # its own is known
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    reads=st.lists(st.tuples(st.floats(0.0, 0.5), st.integers(0, 40)), min_size=1, max_size=60),
+    idle=st.floats(0.0, 3.0),
+    waiting=st.none() | st.floats(0.0, 3.0),
+    lag=st.floats(0.0, 2.0),
+)
+def test_the_charge_of_a_cut_is_never_more_than_the_deciding_guess(
+    reads: list[tuple[float, int]], idle: float, waiting: float | None, lag: float
+) -> None:
+    """Whatever the reads, the wait and the loop's lag: the tokens in flight a cut is charged
+    are at most the guess that decided it (the same speed, margin and guard; no lag added but
+    while waiting), and at least the guard and the margin."""
+    from hardcap_core.gateway.pace import Pace
+
+    now = [0.0]
+    pace = Pace(lambda: now[0])
+    pace.read(0)
+    for gap, tokens in reads:
+        now[0] += gap
+        pace.read(tokens)
+    if waiting is not None:
+        now[0] += waiting
+        pace.listen()
+    now[0] += idle
+    charged = pace.charged(4, 0.05, lag)
+    assert 4 <= charged <= pace.in_flight(4, 0.05, lag)
+    assert pace.charged(4, 0.05, lag, route_rate=1e6) >= charged

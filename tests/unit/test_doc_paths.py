@@ -1,6 +1,6 @@
 """Every repository path the docs and the comments name exists, and every link lands.
 
-A path in prose is a promise to the next reader ("the rule is in gateway/charge.py"); when a file
+A path in prose is a promise to the next reader ("the rule is in gateway/money.py"); when a file
 moves and the sentence stays, the reader goes looking for something that is not there. This test
 reads the README, docs/*.md, and the comments and docstrings of the code (Python, Lua, shell,
 YAML, the Makefiles), and checks each path they name.

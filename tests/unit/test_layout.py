@@ -2,7 +2,7 @@
 circles; the shipped code never reaches the local tools; each third-party library is imported
 and its errors translated at its one boundary; wire formats live in ``wire/`` and providers in
 ``providers/``, each built in one registry; a stream ends in one place; only the meter writes a
-meter's state, and only the hold policies (gateway/holds.py) decide what an ended stream is
+meter's state, and only the money owner (gateway/money.py) decides what an ended stream is
 charged. A module's length is no seam: one concept stays in one module however long.
 
 Imports inside functions count too: a lazy import that closes a circle is still a circle, and a
@@ -323,11 +323,12 @@ def test_only_the_meter_writes_a_meters_state() -> None:
 def test_only_the_hold_policies_decide_what_an_ended_stream_is_charged() -> None:
     def charge_rule(call: ast.Call) -> bool:
         f = call.func
-        return (isinstance(f, ast.Name) and f.id == "estimated_output") or (
-            isinstance(f, ast.Attribute) and f.attr == "least_billed"
+        rules = ("estimated_output", "unseen_billed", "settle_charge")
+        return (isinstance(f, ast.Name) and f.id in rules) or (
+            isinstance(f, ast.Attribute) and f.attr in ("least_billed", "unseen_billed")
         )
 
-    assert {m for m, _ in calls_in_functions(charge_rule)} == {"gateway.holds"}
+    assert {m for m, _ in calls_in_functions(charge_rule)} == {"gateway.money"}
     # The meter asks its policy object; it never branches on whether it holds a reservation.
     tests = [
         n.test for n in ast.walk(SHIPPED[METER]) if isinstance(n, ast.If | ast.IfExp | ast.While)

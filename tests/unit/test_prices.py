@@ -10,10 +10,11 @@ import pytest
 
 from hardcap_core.auth import hash_key
 from hardcap_core.budgets import LongContext, Prices, Terms
+from hardcap_core.chat import ChatRequest
 from hardcap_core.config import parse_config
 from hardcap_core.errors import ConfigError, InvalidRequest
 from hardcap_core.events import Usage
-from hardcap_core.gateway.charge import Charge, request_prices, settle_charge
+from hardcap_core.gateway.money import Charge, request_prices, settle_charge
 from hardcap_core.outcome import Outcome
 from hardcap_core.providers.anthropic_events import usage_of
 from hardcap_core.providers.openai_compat import OpenAICompatible
@@ -187,23 +188,27 @@ def tiered_config(main_tiers: dict[str, float], dear_tiers: dict[str, float]) ->
     return data
 
 
+def chat(body: dict[str, Any]) -> ChatRequest:
+    return parse_chat_request(json.dumps(body).encode())
+
+
 def test_a_tier_a_target_has_no_price_for_is_refused_naming_the_field() -> None:
     config = parse_config(tiered_config({"priority": 2.0}, {}))
     route = config.routes["main"]
     body: dict[str, Any] = {"model": "main", "messages": [{"role": "user", "content": "hi"}]}
-    held, charged = request_prices(config, route, body, 10)
+    held, charged = request_prices(config, route, chat(body), 10)
     # Main's prices at the dearest tier it lists (2 x 1,000 in, 2 x 2,000 out), the
     # fallback's (3,000 in): each the highest of the chain.
     assert (held.input_nusd, held.output_nusd, charged.terms) == (3_000, 4_000, Terms())
     with pytest.raises(InvalidRequest) as info:
-        request_prices(config, route, {**body, "service_tier": "priority"}, 10)
+        request_prices(config, route, chat({**body, "service_tier": "priority"}), 10)
     assert info.value.param == "service_tier" and "'dear'" in str(info.value)
     config = parse_config(tiered_config({"priority": 2.0}, {"priority": 1.5}))
-    held, charged = request_prices(config, config.routes["main"], {
-        **body, "service_tier": "priority"}, 10)  # fmt: skip
+    held, charged = request_prices(config, config.routes["main"], chat({
+        **body, "service_tier": "priority"}), 10)  # fmt: skip
     assert (held.input_nusd, held.output_nusd) == (4_500, 4_000)
     assert charged.terms == Terms(tier="priority")
-    standard, _ = request_prices(config, route, {**body, "service_tier": "default"}, 10)
+    standard, _ = request_prices(config, route, chat({**body, "service_tier": "default"}), 10)
     assert (standard.input_nusd, standard.output_nusd) == (3_000, 2_000)
 
 
@@ -250,7 +255,8 @@ def test_the_settled_charge_keeps_the_split_and_the_tier_reported() -> None:
     assert charge.cost(prices) == prices.cost(300, 5, 100, 150, 50, "priority")
     cut = settle_charge(Outcome.TRUNCATED, None, final=None, input_estimate=900,
                         received=5, ended_output=lambda: 8)  # fmt: skip
-    assert cut == Charge(900, 8, 0, 900)  # all written: for an hour, if the request marked it
+    # All written: for an hour, if the request marked it; an estimate, cut without a report.
+    assert cut == Charge(900, 8, 0, 900, estimated=True)
     assert cut.cost(SONNET.with_terms(HOUR)) == 900 * 6_000 + 8 * 15_000
 
 

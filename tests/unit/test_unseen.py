@@ -12,6 +12,7 @@ from hardcap_core.chat import ChatRequest
 from hardcap_core.config import parse_config
 from hardcap_core.config.schema import default_unseen_output
 from hardcap_core.config.settings import UnseenOutput
+from hardcap_core.gateway.money import unseen_billed
 from hardcap_core.gateway.unseen import SEEN, Unseen, unseen_output
 from hardcap_core.wire.anthropic_request import parse_messages_request
 from hardcap_core.wire.openai_request import parse_chat_request
@@ -166,7 +167,7 @@ def test_what_a_stream_reserves(unseen: Unseen, hold: int, least: int) -> None:
 def test_the_least_a_stream_that_ended_without_its_bill_is_charged(
     unseen: Unseen, held: int | None, asked: int | None, received_least: int, least: int
 ) -> None:
-    assert unseen.least_billed(held, asked, received_least) == least
+    assert unseen_billed(unseen, held, asked, received_least) == least
 
 
 def test_a_request_says_how_it_thinks() -> None:
