@@ -4,9 +4,9 @@ A disabled tenant's request, or one for a route its tenant may not use, is refus
 admit, so it never hears from the cache that its copy of the config is stale. Before refusing,
 it reads its hierarchy's published version (rate-limited per hierarchy: control/live.py) and is
 decided again by the new config. Two gateway instances, each with its own live config over one
-config table (moto) and one Valkey, their table poll pushed out of reach: an admin disables then
-enables a tenant, empties then restores a tenant's allowlist of routes, and each instance
-follows both ways.
+config table (moto) and one Valkey (standalone, then a cluster), their table poll pushed out of
+reach: an admin disables then enables a tenant, empties then restores a tenant's allowlist of
+routes, and each instance follows both ways.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import Any
 import boto3
 import httpx
 import pytest
-import redis.asyncio as aioredis
 from moto import mock_aws
 
 from hardcap_core.config import parse_config
@@ -31,7 +30,6 @@ from hardcap_core.gateway.app import create_app
 from hardcap_core.ledger import Ledger
 from hardcap_core.ledger.connection import connect
 from hardcap_core.local.mock_upstream import MockSettings
-from hardcap_core.local.valkey import LocalValkey
 from tests.stack import KEYS, Mock, config_data
 
 WHO = "local:test"
@@ -55,13 +53,14 @@ def mock() -> Iterator[Mock]:
 
 @pytest.fixture
 async def stack(
-    valkey: LocalValkey, mock: Mock, standalone_client: aioredis.Redis
+    backend: tuple[str, bool], mock: Mock, client: Any
 ) -> AsyncIterator[tuple[Admin, list[Instance]]]:
-    file_data = config_data(mock.url, valkey.url)
+    url, cluster = backend
+    file_data = config_data(mock.url, url, **{"gateway.redis_cluster": cluster})
     with mock_aws():
         store = ConfigStore("config", boto3.client("dynamodb", region_name="us-east-1"))
         store.create_table()
-        ledger = Ledger(standalone_client)
+        ledger = Ledger(client)
 
         async def built() -> Ledger:
             return ledger
@@ -72,8 +71,8 @@ async def stack(
         for n in range(2):
             live = LiveConfig(file_data, "test", store, poll_s=NEVER_S)
             live.load()
-            client = await connect(valkey.url)  # each its own, closed with its runtime
-            app = create_app(parse_config(file_data), ledger_client=client, live=live)
+            own = await connect(url, cluster=cluster)  # each its own, closed with its runtime
+            app = create_app(parse_config(file_data), ledger_client=own, live=live)
             gateway = await app.state.runtime.gateway()
             reads: list[str] = []
             live.watch(counted(gateway.ledger.published_config_version, reads))
