@@ -31,6 +31,11 @@ class ChatRequest:
     max_tokens_field: str  # the field it used: max_tokens or max_completion_tokens
     input_tokens: int  # estimate of every input field a provider bills
     dialect: str  # the wire format it came in (e.g. "openai_chat")
+    # The body as the client sent it, for a provider of its dialect to send on unchanged
+    # (Anthropic Messages: cache marks, block kinds and new fields byte for byte); None: the
+    # provider builds its own from ``body``.
+    native: dict[str, Any] | None = None
+    betas: tuple[str, ...] = ()  # the anthropic-beta values it came with
 
     @property
     def messages(self) -> list[dict[str, Any]]:

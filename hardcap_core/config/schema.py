@@ -254,10 +254,26 @@ UNSEEN_OUTPUT_BY_MODEL: tuple[tuple[re.Pattern[str], UnseenOutput], ...] = (
 )
 
 
-def default_unseen_output(model: str) -> UnseenOutput:
-    """What ``model`` bills without streaming it, by its family (:data:`UNSEEN_OUTPUT_BY_MODEL`)."""
+# Upstream kinds whose models take Anthropic's `thinking` (Anthropic's API; Bedrock, where only
+# Claude takes it): a request that turns thinking on there thinks as Claude 4 does, billed in
+# full and streamed as a summary, whatever the model's name says (an alias, a name with no
+# version, an application inference profile's ARN). Their routes default to
+# "summarized_thinking", which acts only on a request with thinking on; the model's family may
+# make it stricter ("silent_reasoning"), never looser: a route whose model streams all of its
+# thinking says `unseen_output: none`.
+THINKING_KINDS = frozenset({"anthropic", "bedrock"})
+
+
+def default_unseen_output(model: str, upstream_kind: str = "openai") -> UnseenOutput:
+    """What ``model`` on an upstream of ``upstream_kind`` bills without streaming it: by its
+    family (:data:`UNSEEN_OUTPUT_BY_MODEL`), and at least summarized thinking on an upstream
+    whose models take Anthropic's ``thinking`` (:data:`THINKING_KINDS`)."""
     name = model.lower()
-    return next((kind for pattern, kind in UNSEEN_OUTPUT_BY_MODEL if pattern.search(name)), "none")
+    none: UnseenOutput = "none"
+    kind = next((k for pattern, k in UNSEEN_OUTPUT_BY_MODEL if pattern.search(name)), none)
+    if kind == "none" and upstream_kind in THINKING_KINDS:
+        return "summarized_thinking"
+    return kind
 
 
 # How a route counts a request's input (hardcap_core/tokenize/): an exact BPE encoding shipped
@@ -306,7 +322,8 @@ class RouteConfig(_Model):
     # capped as itself; the reservation is made at the highest prices of the chain.
     fallbacks: list[RouteName] = []
     # Output its provider bills without streaming it: none, summarized_thinking (the full
-    # thinking of a streamed summary) or silent_reasoning (default: by the model's family).
+    # thinking of a streamed summary) or silent_reasoning (default: by the model's family, and
+    # at least summarized_thinking on an anthropic or bedrock upstream: THINKING_KINDS).
     unseen_output: UnseenOutput | None = None
     # How its input is counted (default: by the model's family, TOKENIZER_BY_MODEL). The cheap
     # upper bound is reserved first; the tokenizer's count replaces it where the bound does not
@@ -325,9 +342,10 @@ class RouteConfig(_Model):
     def _budgets(cls, v: list[BudgetConfig]) -> list[BudgetConfig]:
         return distinct_budgets(v)
 
-    def unseen(self) -> UnseenOutput:
-        """``unseen_output``, or the default of the model's family."""
-        return self.unseen_output or default_unseen_output(self.model or self.name)
+    def unseen(self, upstream_kind: str = "openai") -> UnseenOutput:
+        """``unseen_output``, or the default of the model's family on an upstream of
+        ``upstream_kind``."""
+        return self.unseen_output or default_unseen_output(self.model or self.name, upstream_kind)
 
     def counted_by(self) -> Tokenizer:
         """``tokenizer``, or the default of the model's family."""

@@ -64,6 +64,7 @@ from hardcap_core.outcome import Outcome
 from hardcap_core.providers.base import Provider
 from hardcap_core.providers.transport import Transport
 from hardcap_core.tokenize.routes import InputCounts
+from hardcap_core.wire.anthropic_request import with_headers
 from hardcap_core.wire.base import Charged, WireFormat
 from hardcap_core.wire.openai_input import check_pdf_pages
 
@@ -144,7 +145,7 @@ class Gateway:
     ) -> Response:
         """A chat completion in ``wire``'s format, streamed or not."""
         arrived = time.perf_counter()
-        chat = wire.parse(await self.read_body(request))
+        chat = with_headers(wire.parse(await self.read_body(request)), request.headers)
         deadline = _deadline(request)  # read once: the queue and the stream stop before it
         wait_until = None if deadline is None else deadline - QUEUE_MARGIN_S
         for attempt in range(STALE_RETRIES + 1):

@@ -9,6 +9,9 @@ requires `max_tokens`, and answers errors as `{"type": "error", "error": {"type"
 is accepted next to `user_id` and gives the request its own ground-truth record, as in the
 OpenAI mode (the real API would reject it; the gateway's provider never sends it).
 
+What it was sent: `GET /mock/anthropic/received`, the last `RECEIVED` Messages requests (path,
+`anthropic-beta` header, body), oldest first, for tests that a gateway forwards them unchanged.
+
 Tenant: `metadata.user_id`, else "anonymous". The same ground truth as the OpenAI mode.
 
 The prompt is billed as Anthropic bills it, with cl100k_base standing in for Claude's own
@@ -44,6 +47,7 @@ import asyncio
 import dataclasses
 import json
 import math
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -72,11 +76,19 @@ FIELDS = frozenset(
     {
         "model", "messages", "max_tokens", "system", "stream", "stop_sequences", "temperature",
         "top_p", "top_k", "tools", "tool_choice", "metadata", "thinking", "service_tier",
+        "context_management", "output_config", "cache_control", "speed", "inference_geo",
+        "diagnostics", "fallback_credit_token",
     }
 )  # fmt: skip
 BLOCKS = frozenset(
-    {"text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking", "document"}
-)
+    {"text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking", "document",
+     "search_result"}
+)  # fmt: skip
+TOOL_FIELDS = frozenset(
+    {"name", "description", "input_schema", "cache_control", "type", "strict", "defer_loading",
+     "input_examples", "eager_input_streaming"}
+)  # fmt: skip
+RECEIVED = 16  # the last requests `GET /mock/anthropic/received` shows
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -165,7 +177,7 @@ def _check_options(body: dict[str, Any]) -> None:
     for i, tool in enumerate(body.get("tools") or []):
         if not isinstance(tool, dict) or not tool.get("name") or "input_schema" not in tool:
             raise Invalid(f"tools.{i}: a tool needs name and input_schema")
-        if set(tool) - {"name", "description", "input_schema", "cache_control", "type"}:
+        if set(tool) - TOOL_FIELDS:
             raise Invalid(f"tools.{i}: Extra inputs are not permitted")
     choice = body.get("tool_choice")
     if choice is not None:
@@ -314,10 +326,13 @@ def anthropic_routes(
     first_token_ms: float,
 ) -> list[Route]:
     """The Anthropic mode's routes, sharing the OpenAI mode's ground truth, faults and planner."""
+    received: deque[dict[str, Any]] = deque(maxlen=RECEIVED)
 
     async def messages(request: Request) -> Response:
         try:
             body = await request.json()
+            beta = request.headers.get("anthropic-beta")
+            received.append({"path": request.url.path, "anthropic_beta": beta, "body": body})
             check(request.headers, body)
             req = planning_request(body)
             plan = _plan(planner, req, body)
@@ -356,7 +371,11 @@ def anthropic_routes(
             return error(fault.status, f"injected error ({fault.status})")
         return JSONResponse({"input_tokens": anthropic_prompt_tokens(body)})
 
+    async def shown(_: Request) -> Response:
+        return JSONResponse(list(received))
+
     return [
+        Route("/mock/anthropic/received", shown, methods=["GET"]),
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     ]

@@ -2,7 +2,9 @@
 
 The OpenAI-shaped request is translated into a Messages request
 (:mod:`~hardcap_core.providers.anthropic_request`), sent to ``{base_url}/messages`` with the
-route's key in ``x-api-key`` and ``anthropic-version: 2023-06-01``; the reply's events are
+route's key in ``x-api-key``, ``anthropic-version: 2023-06-01`` and the client's
+``anthropic-beta`` values (a 1M-context one only where the route prices long context:
+:func:`~hardcap_core.wire.anthropic_request.check_betas`); the reply's events are
 decoded with every billed piece counted (:mod:`~hardcap_core.providers.anthropic_events`:
 text, thinking, signatures, tool names and input, anything unknown by its length). Error
 statuses become client errors in :func:`~hardcap_core.providers.http.status_error`; Anthropic's
@@ -24,6 +26,7 @@ from hardcap_core.providers.anthropic_events import MessageDecoder, completion
 from hardcap_core.providers.anthropic_request import ANTHROPIC_VERSION, messages_body
 from hardcap_core.providers.http import open_sse, post, send_json
 from hardcap_core.providers.transport import Transport, UpstreamRequest
+from hardcap_core.wire.anthropic_request import BETA_HEADER, check_betas
 
 DIALECT = ANTHROPIC_MESSAGES
 
@@ -41,7 +44,8 @@ class AnthropicMessages:
 
     async def complete(self, route: Route, request: ChatRequest, max_tokens: int) -> Completion:
         body = messages_body(request, route.model, max_tokens, stream=False)
-        data = await send_json(self.client, self._request(route, body, stream=False), route.name)
+        upstream = self._request(route, request, body, stream=False)
+        data = await send_json(self.client, upstream, route.name)
         if data.get("type") == "error":
             error = data.get("error")
             message = error.get("message") if isinstance(error, dict) else error
@@ -53,10 +57,12 @@ class AnthropicMessages:
     ) -> AbstractAsyncContextManager[AsyncIterator[Read]]:
         body = messages_body(request, route.model, max_tokens, stream=True)
         decoder = MessageDecoder(self.chars_per_token)  # one per stream: it keeps block state
-        return open_sse(self.client, self._request(route, body, stream=True), route.name,
-                        decoder.event)  # fmt: skip
+        return open_sse(self.client, self._request(route, request, body, stream=True),
+                        route.name, decoder.event)  # fmt: skip
 
-    def _request(self, route: Route, body: dict[str, Any], *, stream: bool) -> UpstreamRequest:
+    def _request(
+        self, route: Route, request: ChatRequest, body: dict[str, Any], *, stream: bool
+    ) -> UpstreamRequest:
         headers = {
             "content-type": "application/json",
             "accept": "text/event-stream" if stream else "application/json",
@@ -64,6 +70,9 @@ class AnthropicMessages:
         }
         if stream:
             headers["accept-encoding"] = "identity"  # parsed as it arrives: no buffering
+        if request.betas:
+            check_betas(request, long_context_priced=route.prices.long_context is not None)
+            headers[BETA_HEADER] = ",".join(request.betas)
         key = route.upstream.api_key()
         if key:
             headers["x-api-key"] = key

@@ -1,5 +1,11 @@
 """An OpenAI-shaped chat request translated into an Anthropic Messages request.
 
+A request that came in Anthropic's own format is not translated back: its body as the client
+sent it (``ChatRequest.native``) is sent, with the route's model, the gateway's output cap, the
+stream flag and the thinking budget (as below) set, so every field, block kind and cache mark
+the wire format accepted reaches Anthropic unchanged (a changed byte of a cached prefix is a
+cache miss, billed at the write price). Otherwise:
+
 - system and developer messages → the top-level ``system`` (text blocks, in order);
 - user and assistant messages → content blocks: text, images (a ``data:`` URL → a base64
   source, an http(s) URL → a url source), files (a PDF ``data:`` URL → a document block);
@@ -26,7 +32,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hardcap_core.chat import ChatRequest
+from hardcap_core.chat import ANTHROPIC_MESSAGES, ChatRequest
 from hardcap_core.errors import InvalidRequest
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -37,6 +43,8 @@ def messages_body(
     request: ChatRequest, model: str, max_tokens: int, *, stream: bool
 ) -> dict[str, Any]:
     """The Messages API body for ``request`` on ``model`` with at most ``max_tokens`` output."""
+    if request.native is not None and request.dialect == ANTHROPIC_MESSAGES:
+        return _native(request.native, model, max_tokens, stream=stream)
     body = request.body
     if isinstance(body.get("n"), int) and body["n"] > 1:
         raise InvalidRequest("This route's provider returns one choice: 'n' must be 1.", param="n")
@@ -65,6 +73,21 @@ def messages_body(
     if stream:
         out["stream"] = True
     _options(body, out, max_tokens)
+    return out
+
+
+def _native(native: dict[str, Any], model: str, max_tokens: int, *, stream: bool) -> dict[str, Any]:
+    """The client's own Messages body, with the gateway's model, cap, stream and budget."""
+    out = dict(native, model=model, max_tokens=max_tokens)
+    if stream:
+        out["stream"] = True
+    else:
+        out.pop("stream", None)
+    thinking = _thinking(native.get("thinking"), max_tokens)
+    if thinking is None:
+        out.pop("thinking", None)
+    else:
+        out["thinking"] = thinking
     return out
 
 

@@ -271,9 +271,10 @@ class OpenAICompatible:
         return [Output(kind, text, text_tokens(text, self.chars_per_token), choice, tool_call)]
 
 
-# What a request that came in Anthropic's format keeps for an Anthropic upstream and an
-# OpenAI-compatible API rejects as unknown: extended thinking, top_k, prompt-cache marks.
-ANTHROPIC_ONLY = ("thinking", "top_k")
+# What a request that came in Anthropic's format keeps for the counters and an OpenAI-compatible
+# API rejects as unknown: extended thinking, top_k, its output and context configuration,
+# prompt-cache marks (the body's, its messages', their parts' and its tools').
+ANTHROPIC_ONLY = ("thinking", "top_k", "output_config", "context_management", "cache_control")
 
 
 def _without_anthropic_fields(body: dict[str, Any]) -> dict[str, Any]:
@@ -282,7 +283,9 @@ def _without_anthropic_fields(body: dict[str, Any]) -> dict[str, Any]:
     messages = []
     for message in out.get("messages") or []:
         if isinstance(message, dict):
-            message = {k: v for k, v in message.items() if k != "thinking_blocks"}
+            message = {
+                k: v for k, v in message.items() if k not in ("thinking_blocks", "cache_control")
+            }
             content = message.get("content")
             if isinstance(content, list):
                 message["content"] = [_no_cache_mark(part) for part in content]

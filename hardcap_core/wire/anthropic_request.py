@@ -7,42 +7,56 @@ every field that reaches a provider counts. What Anthropic bills beyond that is 
 its tool-use system prompt, images by its own rule where that costs more than OpenAI's, and
 PDFs by their pages (:func:`anthropic_extra_tokens`).
 
-Translation: ``system`` becomes a system message; ``tool_result`` blocks become ``tool``
-messages (with ``tool_call_id``), ahead of the rest of their user message as OpenAI requires;
-``tool_use`` blocks become an assistant's ``tool_calls``; images become ``image_url`` parts
-(``data:`` URLs); a base64 PDF becomes a ``file`` part; ``tools[].input_schema`` becomes the
-function's ``parameters``; ``tool_choice`` any/tool/none become required/a named function/none;
-``stop_sequences`` become ``stop``; ``metadata.user_id`` becomes ``user``. Kept for an
-Anthropic upstream to read back (an OpenAI-compatible one must drop them): the body's
-``thinking``, an assistant message's ``thinking_blocks`` (thinking and redacted thinking, with
-their signatures), ``cache_control`` on text parts and tools, and ``top_k``.
+Which fields are accepted, and what each does to the bill, is the table in
+:mod:`hardcap_core.wire.anthropic_fields`; a field it does not list, or lists as refused, is a
+400 naming it, as Anthropic refuses extra inputs. Values a listed field may not take are
+refused here, naming the field: server tools (web search, code execution, ...: billed per use,
+not in tokens), ``context_management`` edits that bill a call of their own, ``speed: fast`` and
+a pinned ``inference_geo`` (premium prices no route lists), and content a request does not
+carry itself (files by id, documents by URL), whose size is on the provider.
 
-Refused with a 400 naming the field, as Anthropic refuses extra inputs: any top-level field
-not listed in :data:`FIELDS` (``speed``, ``service_tier``, ``mcp_servers``, ``container``,
-...: each changes the price or bills work the gateway cannot count), server tools (web
-search, code execution: billed per use, not in tokens), and content a request does not carry
-itself (files by id, documents by URL), whose size is on the provider.
+The body as the client sent it is kept (``ChatRequest.native``): an Anthropic upstream is sent
+it, with only the gateway's model, output cap, stream flag and thinking budget set
+(:mod:`hardcap_core.providers.anthropic_request`), so cache marks, their TTLs and every block
+kind reach it byte for byte; ``anthropic-beta`` headers go with it (:func:`with_headers`).
+
+Translation, for the counters, the price terms and the other providers: ``system`` becomes a
+system message; ``tool_result`` blocks become ``tool`` messages (with ``tool_call_id``), ahead
+of the rest of their user message as OpenAI requires; ``tool_use`` blocks become an
+assistant's ``tool_calls``; images become ``image_url`` parts (``data:`` URLs); a base64 PDF
+becomes a ``file`` part; search results become text parts; ``tools[].input_schema`` becomes
+the function's ``parameters``; ``tool_choice`` any/tool/none become required/a named
+function/none; ``stop_sequences`` become ``stop``; ``metadata.user_id`` becomes ``user``. Kept
+for the counters (an OpenAI-compatible upstream must drop them): the body's ``thinking``,
+``output_config``, ``context_management`` and ``cache_control``, an assistant message's
+``thinking_blocks``, ``cache_control`` on every part that had it, and ``top_k``.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from hardcap_core.chat import ANTHROPIC_MESSAGES, ChatRequest
 from hardcap_core.errors import InvalidRequest
 from hardcap_core.wire import json_body
 from hardcap_core.wire.anthropic_count import anthropic_extra_tokens
+from hardcap_core.wire.anthropic_fields import (
+    COUNT_FIELDS,
+    LOWERING_EDITS,
+    MESSAGES_FIELDS,
+    SERVER_TOOLS,
+)
 from hardcap_core.wire.openai_input import input_tokens
 
 DIALECT = ANTHROPIC_MESSAGES
-FIELDS = frozenset(
-    {
-        "model", "max_tokens", "messages", "system", "tools", "tool_choice", "stop_sequences",
-        "temperature", "top_p", "top_k", "stream", "thinking", "metadata",
-    }
-)  # fmt: skip
-COUNT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking"})
+# Anthropic-only fields the translated body keeps so every counter counts them.
+COUNTED_EXTRAS = ("output_config", "context_management", "cache_control")
+SERVICE_TIERS = ("auto", "standard_only")
+BETA_HEADER = "anthropic-beta"
+LONG_CONTEXT_BETA = "context-1m-"  # context-1m-2025-08-07: prompts past 200k, billed dearer
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 MIN_THINKING_BUDGET = 1024  # Anthropic's floor for thinking.budget_tokens
 
@@ -53,14 +67,7 @@ def parse_messages_request(raw: bytes, *, counting: bool = False) -> ChatRequest
     body = json_body.loads(raw)
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
-    allowed = COUNT_FIELDS if counting else FIELDS
-    for name in body:
-        if name not in allowed:
-            raise InvalidRequest(
-                f"'{name}': this field is not supported here (supported: "
-                f"{', '.join(sorted(allowed))}).",
-                param=name,
-            )
+    (COUNT_FIELDS if counting else MESSAGES_FIELDS).check(body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required and must be a non-empty string.", param="model")
@@ -95,6 +102,10 @@ def parse_messages_request(raw: bytes, *, counting: bool = False) -> ChatRequest
     user = _metadata(body.get("metadata"))
     if user is not None:
         out["user"] = user
+    _check_terms(body)
+    for name in COUNTED_EXTRAS:
+        if body.get(name) is not None:
+            out[name] = _extra(body[name], name)
 
     return ChatRequest(
         body=out,
@@ -105,7 +116,30 @@ def parse_messages_request(raw: bytes, *, counting: bool = False) -> ChatRequest
         max_tokens_field="max_tokens",
         input_tokens=input_tokens(out) + anthropic_extra_tokens(out),
         dialect=DIALECT,
+        native=body,
     )
+
+
+def with_headers(chat: ChatRequest, headers: Mapping[str, str]) -> ChatRequest:
+    """``chat`` with the ``anthropic-beta`` values of ``headers`` (a request of Anthropic's
+    format; any other is returned as it is), for an Anthropic upstream to be sent."""
+    if chat.dialect != DIALECT:
+        return chat
+    value = headers.get(BETA_HEADER) or ""
+    betas = tuple(b.strip() for b in value.split(",") if b.strip())
+    return replace(chat, betas=betas) if betas else chat
+
+
+def check_betas(chat: ChatRequest, *, long_context_priced: bool) -> None:
+    """Refuse a 1M-context beta on a route whose prices have no long-context tier: Anthropic
+    bills a prompt past 200k tokens dearer, at a price the budget would not hold."""
+    for beta in chat.betas:
+        if beta.startswith(LONG_CONTEXT_BETA) and not long_context_priced:
+            raise InvalidRequest(
+                f"'{BETA_HEADER}: {beta}' bills long prompts at long-context prices, which "
+                "this model's price table does not list (price.long_context).",
+                param=BETA_HEADER,
+            )
 
 
 # -- top-level fields -----------------------------------------------------------------------------
@@ -184,6 +218,54 @@ def _metadata(value: Any) -> str | None:
     return user or None
 
 
+def _check_terms(body: dict[str, Any]) -> None:
+    """The values of priced fields that no route's price table can price (see the table)."""
+    tier = body.get("service_tier")
+    if tier is not None and tier not in SERVICE_TIERS:
+        raise InvalidRequest(
+            f"'service_tier' must be one of {', '.join(SERVICE_TIERS)}.", param="service_tier"
+        )
+    for name, plain in (("speed", "standard"), ("inference_geo", "global")):
+        value = body.get(name)
+        if value is not None and value != plain:
+            raise InvalidRequest(
+                f"'{name}': {value!r} is billed at a premium no route prices here; send "
+                f"{plain!r} or leave it out.",
+                param=name,
+            )
+
+
+def _extra(value: Any, name: str) -> dict[str, Any]:
+    """An Anthropic-only object the translation keeps for the counters, checked."""
+    extra = _object(value, name)
+    if name == "cache_control":
+        _cache_control(extra, name)
+    if name == "context_management":
+        edits = extra.get("edits") or []
+        if not isinstance(edits, list):
+            raise InvalidRequest(
+                "'context_management.edits' must be an array.", param="context_management.edits"
+            )
+        for i, edit in enumerate(edits):
+            kind = edit.get("type") if isinstance(edit, dict) else None
+            if kind not in LOWERING_EDITS:
+                where = f"context_management.edits[{i}].type"
+                raise InvalidRequest(
+                    f"'{where}' {kind!r}: only edits that clear content are supported here "
+                    f"({', '.join(sorted(LOWERING_EDITS))}); one that compacts bills a "
+                    "summarizing call the gateway cannot bound.",
+                    param=where,
+                )
+    return extra
+
+
+def _cache_control(mark: Any, where: str) -> None:
+    if not isinstance(mark, dict) or mark.get("type") != "ephemeral":
+        raise InvalidRequest(f"'{where}.type' must be ephemeral.", param=f"{where}.type")
+    if mark.get("ttl", "5m") not in ("5m", "1h"):
+        raise InvalidRequest(f"'{where}.ttl' must be 5m or 1h.", param=f"{where}.ttl")
+
+
 def _tools(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list):
         raise InvalidRequest("'tools' must be an array.", param="tools")
@@ -191,10 +273,13 @@ def _tools(value: Any) -> list[dict[str, Any]]:
     for i, item in enumerate(value):
         where = f"tools[{i}]"
         tool = _object(item, where)
-        if tool.get("type", "custom") not in ("custom", None):
+        kind = tool.get("type", "custom")
+        if kind not in ("custom", None):
+            server = isinstance(kind, str) and kind.startswith(SERVER_TOOLS)
+            what = "is billed per use" if server else "is not a tool this gateway can count"
             raise InvalidRequest(
-                f"'{where}.type': server tools ({tool['type']!r}) are billed per use, which "
-                "this gateway cannot hold in a budget; define the tool yourself.",
+                f"'{where}.type': the tool {kind!r} {what}, which no route here prices; "
+                "define the tool yourself.",
                 param=f"{where}.type",
             )
         name = tool.get("name")
@@ -311,6 +396,7 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     thinking: list[dict[str, Any]] = []
+    mark: dict[str, Any] | None = None
     for j, block in enumerate(blocks):
         at = f"{where}[{j}]"
         kind = block.get("type")
@@ -323,6 +409,9 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
             arguments = json.dumps(_object(block.get("input"), f"{at}.input"))
             call = {"name": name, "arguments": arguments}
             calls.append({"id": tool_id, "type": "function", "function": call})
+            found = _mark(block, at)
+            if found is not None and (mark is None or found.get("ttl", "5m") != "5m"):
+                mark = found  # an hour-long one, if any, prices the write
         elif kind in ("thinking", "redacted_thinking"):
             thinking.append(block)
         else:
@@ -332,6 +421,8 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
                 param=f"{at}.type",
             )
     message: dict[str, Any] = {"role": "assistant", "content": None}
+    if mark is not None:  # a tool_use block's: the message holds it for the price terms
+        message["cache_control"] = mark
     if parts:
         plain = all(set(p) == {"type", "text"} for p in parts)
         message["content"] = "".join(p["text"] for p in parts) if plain else parts
@@ -349,11 +440,15 @@ def _tool_result(block: dict[str, Any], where: str) -> tuple[dict[str, Any], lis
     content = block.get("content")
     texts: list[str] = []
     images: list[dict[str, Any]] = []
+    mark = _mark(block, where)
     if isinstance(content, str):
         texts.append(content)
     elif isinstance(content, list):
         for k, item in enumerate(content):
             for part in _part(_object(item, f"{where}.content[{k}]"), f"{where}.content[{k}]"):
+                inner = part.get("cache_control")
+                if inner is not None and (mark is None or inner.get("ttl", "5m") != "5m"):
+                    mark = inner  # the price terms see the marks of what the result holds
                 if part["type"] == "text":
                     texts.append(part["text"])
                 else:
@@ -364,16 +459,33 @@ def _tool_result(block: dict[str, Any], where: str) -> tuple[dict[str, Any], lis
         )
     if block.get("is_error"):
         texts.insert(0, "Error:")
-    return {"role": "tool", "tool_call_id": tool_id, "content": "\n".join(texts)}, images
+    message: dict[str, Any] = {"role": "tool", "tool_call_id": tool_id}
+    message["content"] = "\n".join(texts)
+    if mark is not None:  # the message holds it for the price terms
+        message["cache_control"] = mark
+    return message, images
 
 
 def _text(block: dict[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(block.get("text"), str):
         raise InvalidRequest(f"'{where}.text' must be a string.", param=f"{where}.text")
-    part: dict[str, Any] = {"type": "text", "text": block["text"]}
-    if block.get("cache_control") is not None:
-        part["cache_control"] = block["cache_control"]
-    return part
+    return _marked(block, {"type": "text", "text": block["text"]}, where)
+
+
+def _mark(block: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """A block's prompt-cache mark, checked (its ``ttl`` prices the cache write)."""
+    mark = block.get("cache_control")
+    if mark is None:
+        return None
+    _cache_control(mark, f"{where}.cache_control")
+    result: dict[str, Any] = mark
+    return result
+
+
+def _marked(block: dict[str, Any], part: dict[str, Any], where: str) -> dict[str, Any]:
+    """``part`` with ``block``'s cache mark, if it has one."""
+    mark = _mark(block, where)
+    return part if mark is None else {**part, "cache_control": mark}
 
 
 def _part(block: dict[str, Any], where: str) -> list[dict[str, Any]]:
@@ -383,12 +495,16 @@ def _part(block: dict[str, Any], where: str) -> list[dict[str, Any]]:
         return [_text(block, where)]
     if kind == "image":
         source = _object(block.get("source"), f"{where}.source")
-        return [{"type": "image_url", "image_url": {"url": _image_url(source, where)}}]
+        image = {"type": "image_url", "image_url": {"url": _image_url(source, where)}}
+        return [_marked(block, image, where)]
     if kind == "document":
-        return _document(block, where)
+        parts = _document(block, where)
+        return [*parts[:-1], _marked(block, parts[-1], where)] if parts else parts
+    if kind == "search_result":
+        return _search_result(block, where)
     raise InvalidRequest(
         f"'{where}.type' {kind!r} cannot be in a user message here (text, image, document, "
-        "tool_result).",
+        "search_result, tool_result).",
         param=f"{where}.type",
     )
 
@@ -436,3 +552,23 @@ def _document(block: dict[str, Any], where: str) -> list[dict[str, Any]]:
         "cannot be counted before the call, so the budget cannot hold it.",
         param=f"{where}.source",
     )
+
+
+def _search_result(block: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """A search result the client found (its source, title and text blocks): text parts."""
+    parts = []
+    for name in ("source", "title"):
+        if not isinstance(block.get(name), str):
+            raise InvalidRequest(f"'{where}.{name}' must be a string.", param=f"{where}.{name}")
+        parts.append({"type": "text", "text": block[name]})
+    content = block.get("content")
+    if not isinstance(content, list):
+        raise InvalidRequest(f"'{where}.content' must be an array of text blocks.",
+                             param=f"{where}.content")  # fmt: skip
+    for k, item in enumerate(content):
+        at = f"{where}.content[{k}]"
+        text = _object(item, at)
+        if text.get("type") != "text":
+            raise InvalidRequest(f"'{at}' must be a text block.", param=at)
+        parts.append(_text(text, at))
+    return [*parts[:-1], _marked(block, parts[-1], where)]

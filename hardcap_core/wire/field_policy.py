@@ -10,10 +10,11 @@ Messages) lists every top-level field the provider documents with its :class:`Ef
 - ``BOUNDED``: it changes how much output may be billed, and the output cap bounds it;
 - ``REFUSED``: the gateway cannot bound what it bills; the parser answers 400 with ``reason``.
 
-A field the table does not list is refused with a 400 naming it, unless the route opts in to
-forwarding unknown fields (``wire.forward_unknown_fields``; they are then counted as input,
-never free). A unit test enumerates the pinned SDKs' own request
-types and fails when one of their fields has no entry here, so an SDK upgrade names what is new.
+A field the table does not list is refused with a 400 naming it, unless the wire format
+forwards unknown fields (``forward_unknown``: OpenAI chat does, as OpenAI-compatible upstreams
+take fields of their own; they are then counted as input, never free).
+``tests/unit/test_field_policies.py`` enumerates the pinned SDKs' own request types and fails
+when one of their fields has no entry here, so an SDK upgrade names what is new.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class Field:
 
     effect: Effect
     why: str
+    # The header an SDK sends it as (Anthropic's ``betas`` is ``anthropic-beta``): the table
+    # decides it, and in a body it is a 400 naming the header.
+    header: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +63,13 @@ class FieldPolicy:
                 if forward_unknown:
                     continue
                 raise InvalidRequest(
-                    f"'{name}': this field is not supported here: {self.name} does not know "
-                    "what it bills (a route may forward unknown fields: "
-                    "wire.forward_unknown_fields).",
+                    f"'{name}': this field is not supported here: the gateway does not know "
+                    f"what it does to the bill of {self.name} requests.",
+                    param=name,
+                )
+            if rule.header is not None:
+                raise InvalidRequest(
+                    f"'{name}' is sent as the '{rule.header}' header, not in the body.",
                     param=name,
                 )
             if rule.effect is Effect.REFUSED:
@@ -70,6 +78,15 @@ class FieldPolicy:
     def names(self, *effects: Effect) -> frozenset[str]:
         """The fields with one of ``effects`` (all of them without arguments)."""
         return frozenset(n for n, f in self.fields.items() if not effects or f.effect in effects)
+
+    def markdown(self) -> str:
+        """The table as docs/config.md shows it: one row per field, in the table's order."""
+        rows = ["| field | effect | why |", "|---|---|---|"]
+        for name, field in self.fields.items():
+            shown = f"`{name}`" + (f" (header `{field.header}`)" if field.header else "")
+            why = field.why[0].upper() + field.why[1:]
+            rows.append(f"| {shown} | {field.effect} | {why} |")
+        return "\n".join(rows) + "\n"
 
     def missing(self, documented: Iterable[str]) -> list[str]:
         """The names in ``documented`` (an SDK's request type) that this table has no entry

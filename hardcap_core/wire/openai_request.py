@@ -2,8 +2,10 @@
 
 Bad input gets a clear 400 naming the field or saying what is wrong (and costs the tenant
 nothing: this runs before admission); the JSON itself is checked by
-:mod:`hardcap_core.wire.json_body`. Fields Hardcap does not know are passed through to the
-provider untouched, and counted (:mod:`hardcap_core.wire.openai_input`).
+:mod:`hardcap_core.wire.json_body`. What each documented field does to the bill is the table in
+:mod:`hardcap_core.wire.openai_chat_fields` (a field it refuses is a 400 naming it); fields it
+does not list are passed through to the provider untouched, and counted
+(:mod:`hardcap_core.wire.openai_input`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from hardcap_core.budgets import NO_TERMS, Terms
 from hardcap_core.chat import OPENAI_CHAT, ChatRequest
 from hardcap_core.errors import InvalidRequest
 from hardcap_core.wire import json_body
+from hardcap_core.wire.openai_chat_fields import CHAT_FIELDS
 from hardcap_core.wire.openai_input import input_tokens
 
 DIALECT = OPENAI_CHAT
@@ -25,6 +28,7 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     body = json_body.loads(raw)
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
+    CHAT_FIELDS.check(body, forward_unknown=True)
 
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -87,15 +91,22 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
 
 def price_terms(body: dict[str, Any]) -> Terms:
     """What an OpenAI-shaped ``body`` asks that changes its price: its ``service_tier``, and
-    whether any of its parts or tools marks a prompt-cache write kept longer than 5 minutes
-    (Anthropic's ``cache_control.ttl: "1h"``, 2x the input price: any ``ttl`` but "5m")."""
+    whether it, any of its messages, their parts or its tools marks a prompt-cache write kept
+    longer than 5 minutes (Anthropic's ``cache_control.ttl: "1h"``, 2x the input price: any
+    ``ttl`` but "5m"; a translated Anthropic request keeps its marks there)."""
     tier = body.get("service_tier")
     tier = tier if isinstance(tier, str) and tier else None
-    hour = any(_kept_long(tool) for tool in body.get("tools") or ()) or any(
-        _kept_long(part)
-        for message in body.get("messages") or ()
-        if type(message) is dict and type(content := message.get("content")) is list
-        for part in content
+    messages = [m for m in body.get("messages") or () if type(m) is dict]
+    hour = (
+        _kept_long(body)
+        or any(_kept_long(tool) for tool in body.get("tools") or ())
+        or any(_kept_long(message) for message in messages)
+        or any(
+            _kept_long(part)
+            for message in messages
+            if type(content := message.get("content")) is list
+            for part in content
+        )
     )
     return NO_TERMS if tier is None and not hour else Terms(tier, hour)
 

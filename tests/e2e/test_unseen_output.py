@@ -194,6 +194,29 @@ def test_an_incomplete_summarized_stream_is_charged_at_least_its_hold(
     assert rec.output_tokens >= 1024 + 16 > truth["completion_tokens"]
 
 
+@pytest.mark.parametrize(
+    ("thinking", "least"),
+    [(THINKING, 1024 + 16), ({"type": "adaptive"}, 2000)],  # its budget; with none, the cap
+)
+def test_thinking_on_a_route_whose_model_name_says_nothing_is_held_and_charged_as_thinking(
+    mock: Mock, stack: tuple[str, openai.OpenAI, LocalValkey], thinking: Any, least: int
+) -> None:
+    """The route "claude" serves "mock-small" on an Anthropic upstream: no model family says
+    it summarizes its thinking, but the request turns thinking on, so it is held and charged
+    as thinking. It ends 700 tokens into the thinking, 35 of them streamed: it was charged
+    those 35; now at least its hold."""
+    _, sdk, valkey = stack
+    rid = f"opaque-{uuid.uuid4().hex[:8]}"
+    text = "Think. [mock:thinking=1000] [mock:summarize=20] [mock:eof_after=700]"
+    end = stream(
+        sdk, "claude", text, rid, max_tokens=2000, extra_body={"thinking": thinking},
+        extra_headers={"x-request-id": rid},
+    )  # fmt: skip
+    assert end == "upstream_error"
+    assert mock.truth(rid)["completion_tokens"] == 700
+    assert records(valkey)[rid].output_tokens >= least > 700
+
+
 def test_silent_reasoning_4_at_once_bills_no_more_than_the_budget(
     mock: Mock, stack: tuple[str, openai.OpenAI, LocalValkey]
 ) -> None:

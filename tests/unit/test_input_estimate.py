@@ -103,7 +103,6 @@ FIELDS = [
     ("a prediction", request(), request(prediction={"type": "content", "content": "text"})),
     ("a tool choice", request(), request(tool_choice={"type": "function", "function": FUNCTION})),
     ("a body field nobody knows", request(), request(x_vendor_documents=["a long document"])),
-    ("web search options", request(), request(web_search_options={"search_context_size": "high"})),
 ]
 
 

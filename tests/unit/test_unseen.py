@@ -64,7 +64,32 @@ def test_a_route_takes_its_models_default_unless_it_says() -> None:
     assert unseen({"model": "claude-sonnet-4-5"}) == "summarized_thinking"
     assert unseen({"model": "claude-sonnet-4-5", "unseen_output": "none"}) == "none"
     assert unseen({"model": "my-o3", "unseen_output": "silent_reasoning"}) == "silent_reasoning"
-    assert unseen({}) == "none"  # the route's name, "r", is no known model
+    # Thinking on is thinking billed: on an Anthropic or Bedrock upstream a model no family
+    # names (an alias, an inference profile's ARN) takes thinking as Claude 4 bills it, and
+    # only the route itself can say its model streams all of it.
+    assert unseen({}) == "summarized_thinking"
+    assert unseen({"model": "claude-3-7-sonnet-20250219"}) == "summarized_thinking"
+    assert unseen({"model": "claude-3-7-sonnet-20250219", "unseen_output": "none"}) == "none"
+    assert unseen({"model": "o3"}) == "silent_reasoning"  # a family may only make it stricter
+
+
+@pytest.mark.parametrize(
+    ("kind", "model", "expected"),
+    [
+        ("bedrock", "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/abc",
+         "summarized_thinking"),
+        ("bedrock", "openai.gpt-oss-120b-1:0", "summarized_thinking"),  # only if it thinks
+        ("openai", "my-alias", "none"),  # OpenAI-compatible: thinking is not Anthropic's there
+        ("openai", "claude-sonnet-4-5", "summarized_thinking"),
+    ],
+)  # fmt: skip
+def test_the_default_by_upstream_kind(kind: str, model: str, expected: UnseenOutput) -> None:
+    upstream: dict[str, Any] = {"name": "u", "kind": kind, "base_url": "https://u.example"}
+    if kind == "bedrock":
+        upstream = {"name": "u", "kind": kind, "region": "us-east-1"}
+    cfg = parse_config({"upstreams": [upstream], "routes": [{"name": "r", "upstream": "u",
+                                                             "model": model}]})  # fmt: skip
+    assert cfg.routes["r"].unseen_output == expected
 
 
 def openai(**body: Any) -> ChatRequest:
