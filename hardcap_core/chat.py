@@ -15,6 +15,8 @@ from typing import Any
 # The dialects a request comes in (ChatRequest.dialect) and a provider's events are in
 # (Provider.dialect): a wire format and a provider of the same one may pass chunks through.
 OPENAI_CHAT = "openai_chat"
+OPENAI_RESPONSES = "openai_responses"  # translated into chat shape: no provider speaks it yet
+OPENAI_EMBEDDINGS = "openai_embeddings"  # an embeddings body, sent to `/embeddings` as it came
 ANTHROPIC_MESSAGES = "anthropic_messages"
 BEDROCK_CONVERSE = "bedrock_converse"
 

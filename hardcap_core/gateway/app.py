@@ -63,6 +63,9 @@ from hardcap_core.wire.anthropic_messages import AnthropicMessages
 from hardcap_core.wire.anthropic_request import parse_messages_request
 from hardcap_core.wire.base import WireFormat
 from hardcap_core.wire.openai_chat import OpenAIChat
+from hardcap_core.wire.openai_embeddings import OpenAIEmbeddings
+from hardcap_core.wire.openai_responses import OpenAIResponses
+from hardcap_core.wire.openai_responses_request import parse_openai_body, parse_responses_request
 
 if TYPE_CHECKING:
     from hardcap_core.control.live import LiveConfig
@@ -70,6 +73,8 @@ if TYPE_CHECKING:
 Handler = Callable[[Gateway, Request, Principal, WireFormat], Awaitable[Response]]
 OPENAI = OpenAIChat()
 ANTHROPIC = AnthropicMessages()
+RESPONSES = OpenAIResponses()
+EMBEDDINGS = OpenAIEmbeddings()
 # Paths whose 404 and 405 answer in Anthropic's error shape (its SDKs read no other).
 ANTHROPIC_PATHS = "/v1/messages"
 CLIENT_CLOSED_REQUEST = 499  # the status logged for a client that left (nginx's convention)
@@ -257,6 +262,19 @@ def create_app(
         tokens = await gw.counts.reported(route, counted)  # the route's tokenizer's, if it has one
         return JSONResponse(count_tokens_reply(counted, tokens), headers=headers)
 
+    async def input_tokens(
+        gw: Gateway, request: Request, who: Principal, wire: WireFormat
+    ) -> Response:
+        """The Responses API's input_tokens: the input admission would reserve for the body, by
+        the route's tokenizer where it has one (else the bound). Held to the key's routes like
+        a response; calls no upstream, charges nothing."""
+        counted = parse_responses_request(await gw.read_body(request), counting=True)
+        route = gw.route_for(counted.model, who)
+        headers = await gw.headers_for(who, wire)
+        tokens = await gw.counts.reported(route, counted)
+        body = {"object": "response.input_tokens", "input_tokens": tokens}
+        return JSONResponse(body, headers=headers)
+
     async def usage(gw: Gateway, request: Request, who: Principal, wire: WireFormat) -> Response:
         return await gw.usage(who, wire)
 
@@ -265,7 +283,9 @@ def create_app(
         authenticated and parsed like a chat request; calls no upstream, reserves nothing."""
         from hardcap_core.gateway.quote import quote as quote_request  # on the first quote
 
-        body = await quote_request(gw, await gw.read_body(request), who, wire.parse)
+        # OpenAI's own path takes a chat-completions body or a Responses one.
+        parse = parse_openai_body if wire is OPENAI else wire.parse
+        body = await quote_request(gw, await gw.read_body(request), who, parse)
         return JSONResponse(body, headers=await gw.headers_for(who, wire))
 
     async def open_lease(
@@ -321,7 +341,12 @@ def create_app(
         routes=[
             Route("/v1/chat/completions", endpoint(chat, OPENAI), methods=["POST"]),
             Route("/v1/messages", endpoint(chat, ANTHROPIC), methods=["POST"]),
+            Route("/v1/responses", endpoint(chat, RESPONSES), methods=["POST"]),
+            Route(
+                "/v1/responses/input_tokens", endpoint(input_tokens, RESPONSES), methods=["POST"]
+            ),
             Route("/v1/messages/count_tokens", endpoint(count_tokens, ANTHROPIC), methods=["POST"]),
+            Route("/v1/embeddings", endpoint(chat, EMBEDDINGS), methods=["POST"]),
             Route("/v1/models", endpoint(models, OPENAI), methods=["GET"]),
             Route("/v1/hardcap/usage", endpoint(usage, OPENAI), methods=["GET"]),
             Route("/v1/hardcap/leases", endpoint(open_lease, OPENAI), methods=["POST"]),

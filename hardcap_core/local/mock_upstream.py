@@ -1,7 +1,7 @@
 """A fake OpenAI-compatible LLM server that records the ground truth of what it generated.
 
 It speaks Anthropic's Messages API too, at `POST /v1/messages` (`mock_anthropic`), with the
-same ground truth, directives and faults.
+same ground truth, directives and faults, and answers `POST /v1/embeddings` (`mock_embeddings`).
 
 Tests and benchmarks point the gateway at it. It answers `POST /v1/chat/completions` (streamed
 or not, with reasoning and tool calls) with log-normal output lengths drawn from a seeded
@@ -87,6 +87,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hardcap_core.local.mock_anthropic import anthropic_routes
+from hardcap_core.local.mock_embeddings import embeddings_routes
 from hardcap_core.local.mock_faults import Faults, apply_fault, hang, parse_fault, retry_headers
 from hardcap_core.local.mock_plan import ChatRequest, Plan, make_plan
 from hardcap_core.local.mock_replies import (
@@ -246,6 +247,7 @@ def create_mock_app(settings: MockSettings) -> Starlette:
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             *anthropic_routes(truth, faults, planner, settings.first_token_ms),
+            *embeddings_routes(truth, settings.seed),
             Route("/v1/models", models, methods=["GET"]),
             Route("/mock/ground-truth", ground_truth, methods=["GET"]),
             Route("/mock/requests", requests, methods=["GET"]),

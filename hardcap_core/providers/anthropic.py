@@ -24,6 +24,7 @@ from hardcap_core.errors import UpstreamMalformed
 from hardcap_core.events import Completion, Read
 from hardcap_core.providers.anthropic_events import MessageDecoder, completion
 from hardcap_core.providers.anthropic_request import ANTHROPIC_VERSION, messages_body
+from hardcap_core.providers.base import no_embeddings
 from hardcap_core.providers.http import open_sse, post, send_json
 from hardcap_core.providers.transport import Transport, UpstreamRequest
 from hardcap_core.wire.anthropic_request import BETA_HEADER, check_betas
@@ -43,6 +44,7 @@ class AnthropicMessages:
         self.chars_per_token = chars_per_token
 
     async def complete(self, route: Route, request: ChatRequest, max_tokens: int) -> Completion:
+        no_embeddings(request)
         body = messages_body(request, route.model, max_tokens, stream=False)
         upstream = self._request(route, request, body, stream=False)
         data = await send_json(self.client, upstream, route.name)

@@ -13,8 +13,9 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
-from hardcap_core.chat import ChatRequest
+from hardcap_core.chat import OPENAI_EMBEDDINGS, ChatRequest
 from hardcap_core.config import Route
+from hardcap_core.errors import InvalidRequest
 from hardcap_core.events import Completion, Read
 
 
@@ -25,7 +26,8 @@ class Provider(Protocol):
     dialect: str
 
     async def complete(self, route: Route, request: ChatRequest, max_tokens: int) -> Completion:
-        """A whole reply of at most ``max_tokens`` output tokens."""
+        """A whole reply of at most ``max_tokens`` output tokens (for an embeddings request,
+        its vectors: a provider without an embeddings endpoint calls :func:`no_embeddings`)."""
         ...
 
     def stream(
@@ -35,3 +37,14 @@ class Provider(Protocol):
         client gets if the upstream refuses); it yields the events of one network read at a
         time; leaving it closes the connection, so the upstream stops generating."""
         ...
+
+
+def no_embeddings(request: ChatRequest) -> None:
+    """Refuse an embeddings request on a provider that has no embeddings endpoint, before
+    anything is sent (a 400 naming the model: the route is the wrong one)."""
+    if request.dialect == OPENAI_EMBEDDINGS:
+        raise InvalidRequest(
+            f"The model '{request.model}' cannot make embeddings: its provider has no "
+            "embeddings endpoint.",
+            param="model",
+        )

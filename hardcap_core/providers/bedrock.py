@@ -40,6 +40,7 @@ from hardcap_core.config import Route, Upstream
 from hardcap_core.config.settings import DEFAULT_GATEWAY
 from hardcap_core.events import Completion, Event, FinishReason, Output, OutputKind, Read, Usage
 from hardcap_core.logs import logger
+from hardcap_core.providers.base import no_embeddings
 from hardcap_core.providers.bedrock_errors import call_error, event_error, transport_failure
 from hardcap_core.providers.bedrock_request import converse_params
 from hardcap_core.providers.transport import CONNECT_TIMEOUT_S
@@ -113,6 +114,7 @@ class BedrockConverse:
             return found
 
     async def complete(self, route: Route, request: ChatRequest, max_tokens: int) -> Completion:
+        no_embeddings(request)
         params = converse_params(route, request, max_tokens)
 
         def call() -> Any:

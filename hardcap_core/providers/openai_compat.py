@@ -28,7 +28,13 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from hardcap_core import json_codec, sse
-from hardcap_core.chat import ANTHROPIC_MESSAGES, OPENAI_CHAT, ChatRequest
+from hardcap_core.chat import (
+    ANTHROPIC_MESSAGES,
+    OPENAI_CHAT,
+    OPENAI_EMBEDDINGS,
+    OPENAI_RESPONSES,
+    ChatRequest,
+)
 from hardcap_core.config import Route
 from hardcap_core.config.settings import DEFAULT_GATEWAY
 from hardcap_core.errors import UpstreamMalformed
@@ -87,6 +93,8 @@ class OpenAICompatible:
         self.chars_per_token = chars_per_token
 
     async def complete(self, route: Route, request: ChatRequest, max_tokens: int) -> Completion:
+        if request.dialect == OPENAI_EMBEDDINGS:
+            return await self._embed(route, request)
         body = self._body(route, request, max_tokens, stream=False)
         data = await send_json(self.client, self._request(route, body, stream=False), route.name)
         if "error" in data:
@@ -111,6 +119,21 @@ class OpenAICompatible:
             self.client, self._request(route, body, stream=True), route.name, self._event
         )
 
+    async def _embed(self, route: Route, request: ChatRequest) -> Completion:
+        """An embeddings request, sent as it came to ``/embeddings``: it bills only its input
+        (``usage.prompt_tokens``); no output."""
+        body = dict(request.body, model=route.model)
+        request_ = self._request(route, body, stream=False, path="/embeddings")
+        data = await send_json(self.client, request_, route.name)
+        if "error" in data:
+            error = data["error"]
+            message = error.get("message") if isinstance(error, dict) else error
+            raise UpstreamMalformed(f"The provider for '{route.name}' failed: {message}")
+        usage = data.get("usage")
+        prompt = _int(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
+        billed = Usage(prompt, 0, raw=usage if isinstance(usage, dict) else None)
+        return Completion(data, (), 0, billed, FinishReason.STOP)
+
     # -- requests -------------------------------------------------------------------------------
 
     def _body(
@@ -119,8 +142,8 @@ class OpenAICompatible:
         body = dict(request.body, model=route.model)
         for name in CAP_FIELDS:
             body.pop(name, None)
-        if request.dialect == ANTHROPIC_MESSAGES:
-            body = _without_anthropic_fields(body)
+        if request.dialect in (ANTHROPIC_MESSAGES, OPENAI_RESPONSES):
+            body = _without_anthropic_fields(body)  # thinking, which a Responses effort sets
         body[request.max_tokens_field] = max_tokens
         if stream:
             # Usage is what a stream is settled with: always ask for it; the client only sees
@@ -129,7 +152,9 @@ class OpenAICompatible:
             body["stream_options"] = {**options, "include_usage": True}
         return body
 
-    def _request(self, route: Route, body: dict[str, Any], *, stream: bool) -> UpstreamRequest:
+    def _request(
+        self, route: Route, body: dict[str, Any], *, stream: bool, path: str = "/chat/completions"
+    ) -> UpstreamRequest:
         headers = {"content-type": "application/json", "accept": "application/json"}
         if stream:
             # The stream is parsed as it arrives: compression would only add buffering.
@@ -138,7 +163,7 @@ class OpenAICompatible:
         key = route.upstream.api_key()
         if key:
             headers["authorization"] = f"Bearer {key}"
-        url = route.upstream.base_url.rstrip("/") + "/chat/completions"
+        url = route.upstream.base_url.rstrip("/") + path
         return post(url, headers, body, route.upstream.timeout_seconds)
 
     # -- stream decoding ------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The wire-format interface: what a client speaks, parsed in and encoded back out.
 
 One implementation per client format, each its own module here: OpenAI chat completions
-(``openai_chat.py``) and Anthropic Messages (``anthropic_messages.py``). A format parses and
+(``openai_chat.py``), the OpenAI Responses API (``openai_responses.py``) and Anthropic Messages
+(``anthropic_messages.py``). A format parses and
 validates a body into a :class:`~hardcap_core.chat.ChatRequest` (raising
 :class:`~hardcap_core.errors.InvalidRequest` naming the field), and encodes what the gateway
 sends back: stream events, the closing events, whole replies, errors, budget headers.

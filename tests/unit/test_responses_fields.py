@@ -1,0 +1,200 @@
+"""The Responses API's field table against the pinned openai SDK's own request type, and the
+translation of a Responses body into the chat request the pipeline takes."""
+
+from __future__ import annotations
+
+import json
+import typing
+from typing import Any
+
+import pytest
+from openai.types.responses import response_create_params as params
+from openai.types.responses.tool_param import ToolParam
+
+from hardcap_core.errors import InvalidRequest
+from hardcap_core.wire.field_policy import Effect
+from hardcap_core.wire.openai_input import input_tokens
+from hardcap_core.wire.openai_responses_fields import (
+    HOSTED_TOOLS,
+    RESPONSES_COUNT_FIELDS,
+    RESPONSES_FIELDS,
+)
+from hardcap_core.wire.openai_responses_request import (
+    CAP_FIELD,
+    parse_openai_body,
+    parse_responses_request,
+)
+
+
+def documented() -> set[str]:
+    """Every top-level field of ``responses.create`` in the pinned SDK (``stream`` is on the
+    streaming and non-streaming subtypes, the rest on the base)."""
+    streaming = params.ResponseCreateParamsStreaming
+    return set(streaming.__required_keys__ | streaming.__optional_keys__)
+
+
+def sdk_tool_types() -> set[str]:
+    """The ``type`` of every tool in the SDK's ``ToolParam`` union."""
+    out: set[str] = set()
+    for tool in typing.get_args(ToolParam):
+        hint = typing.get_type_hints(tool)["type"]
+        while typing.get_origin(hint) is not typing.Literal:
+            hint = typing.get_args(hint)[0]  # Required[Literal[...]]
+        out |= set(typing.get_args(hint))
+    return out
+
+
+def parse(**body: Any) -> Any:
+    return parse_responses_request(json.dumps({"model": "m", "input": "hi", **body}).encode())
+
+
+def test_every_field_of_the_sdk_has_an_entry() -> None:
+    assert RESPONSES_FIELDS.missing(documented()) == []
+
+
+def test_every_entry_is_a_field_of_the_sdk() -> None:
+    assert sorted(set(RESPONSES_FIELDS.fields) - documented()) == []
+
+
+@pytest.mark.parametrize("name", sorted(RESPONSES_FIELDS.names(Effect.REFUSED)))
+def test_a_refused_field_is_a_400_naming_it(name: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        parse(**{name: True if name == "background" else "x"})
+    assert refused.value.param == name and f"'{name}'" in refused.value.message
+
+
+@pytest.mark.parametrize("kind", sorted(sdk_tool_types() - {"function"}))
+def test_every_tool_but_a_function_is_refused_naming_it(kind: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        parse(tools=[{"type": kind}])
+    assert refused.value.param == "tools[0].type" and kind in refused.value.message
+
+
+def test_the_hosted_tools_are_the_sdks() -> None:
+    assert sdk_tool_types() >= HOSTED_TOOLS
+
+
+def test_null_means_not_given() -> None:
+    chat = parse(previous_response_id=None, conversation=None, background=False, prompt=None)
+    assert chat.body["messages"] == [{"role": "user", "content": "hi"}]
+
+
+def test_an_unknown_field_is_refused_naming_it() -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        parse(brand_new=1)
+    assert refused.value.param == "brand_new"
+
+
+def test_items_become_chat_messages() -> None:
+    items = [
+        {"role": "developer", "content": "Use tools."},
+        {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "Weather?"},
+            {"type": "input_image", "image_url": "https://x.test/a.png", "detail": "low"},
+        ]},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "t"}]},
+        {"type": "message", "role": "assistant", "content": [
+            {"type": "output_text", "text": "Let me look.", "annotations": []},
+        ]},
+        {"type": "function_call", "call_id": "call_1", "name": "get", "arguments": "{}"},
+        {"type": "function_call", "call_id": "call_2", "name": "get", "arguments": "{\"a\":1}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        {"type": "function_call_output", "call_id": "call_2",
+         "output": [{"type": "input_text", "text": "rain"}]},
+    ]  # fmt: skip
+    chat = parse(
+        input=items,
+        instructions="Be brief.",
+        tools=[
+            {"type": "function", "name": "get", "parameters": {"type": "object"}, "strict": True}
+        ],
+        tool_choice={"type": "function", "name": "get"},
+        parallel_tool_calls=False,
+        max_output_tokens=77,
+        reasoning={"effort": "low", "summary": "auto"},
+        text={"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}},
+        service_tier="flex",
+        safety_identifier="u1",
+        stream=True,
+    )
+    body = chat.body
+    assert body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "developer", "content": "Use tools."},
+        {"role": "user", "content": [
+            {"type": "text", "text": "Weather?"},
+            {"type": "image_url", "image_url": {"url": "https://x.test/a.png", "detail": "low"}},
+        ]},
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get", "arguments": "{}"}},
+            {"id": "call_2", "type": "function",
+             "function": {"name": "get", "arguments": "{\"a\":1}"}},
+        ]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "rain"},
+    ]  # fmt: skip
+    assert body["tools"] == [
+        {"type": "function",
+         "function": {"name": "get", "parameters": {"type": "object"}, "strict": True}}
+    ]  # fmt: skip
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "get"}}
+    assert body["parallel_tool_calls"] is False
+    assert body["reasoning_effort"] == "low"
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 1024}  # for Anthropic
+    assert chat.thinks and chat.thinking_budget == 1024  # the hold knows it thinks
+    assert "thinking" not in parse(reasoning={"effort": "none"}).body
+    assert body["response_format"] == {
+        "type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}
+    }  # fmt: skip
+    assert body["service_tier"] == "flex" and body["safety_identifier"] == "u1"
+    assert body["stream_options"] == {"include_usage": True}
+    assert "max_output_tokens" not in body and "instructions" not in body
+    assert (chat.max_tokens, chat.max_tokens_field, chat.stream) == (77, CAP_FIELD, True)
+    assert chat.input_tokens == input_tokens(body)  # what is sent is what is counted
+    assert chat.echo["instructions"] == "Be brief." and chat.echo["max_output_tokens"] == 77
+
+
+@pytest.mark.parametrize(
+    ("item", "param"),
+    [
+        ({"role": "user", "content": [{"type": "input_image", "file_id": "f1", "detail": "auto"}]},
+         "input[0].content[0]"),
+        ({"role": "user", "content": [{"type": "input_file", "file_url": "https://x.test/a"}]},
+         "input[0].content[0]"),
+        ({"type": "web_search_call", "id": "ws_1"}, "input[0].type"),
+        ({"role": "tool", "content": "x"}, "input[0].role"),
+        ({"type": "function_call", "name": "f", "arguments": "{}"}, "input[0].call_id"),
+    ],
+)  # fmt: skip
+def test_input_the_gateway_cannot_carry_or_bound_is_refused(item: Any, param: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        parse(input=[item])
+    assert refused.value.param == param
+
+
+def test_the_quote_body_may_be_chat_or_responses() -> None:
+    chat = parse_openai_body(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')
+    responses = parse_openai_body(b'{"model": "m", "input": "hi"}')
+    assert chat.dialect == "openai_chat" and responses.dialect == "openai_responses"
+    assert responses.body["messages"] == chat.body["messages"]
+
+
+def test_the_input_tokens_fields_are_the_sdks_count_params() -> None:
+    from openai.types.responses import input_token_count_params as count
+
+    sdk = set(
+        count.InputTokenCountParams.__optional_keys__
+        | count.InputTokenCountParams.__required_keys__
+    )
+    # `personality` (a preset system prompt the provider adds) is not in the create params:
+    # its size is the provider's, so it is refused as unknown.
+    assert sorted(set(RESPONSES_COUNT_FIELDS.fields) ^ sdk) == ["personality"]
+
+
+def test_an_input_tokens_body_takes_no_output_fields() -> None:
+    body = json.dumps({"model": "m", "input": "hi", "max_output_tokens": 5}).encode()
+    with pytest.raises(InvalidRequest) as refused:
+        parse_responses_request(body, counting=True)
+    assert refused.value.param == "max_output_tokens"
+    counted = parse_responses_request(b'{"model": "m", "input": "hi"}', counting=True)
+    assert counted.input_tokens == parse(input="hi").input_tokens
