@@ -67,6 +67,7 @@ from hardcap_core.local.mock_replies import CuttableStreamingResponse, dropped
 from hardcap_core.local.mock_truth import Account, GroundTruth
 from hardcap_core.wire.media import base64_bytes, image_size
 
+ROLES = ("user", "assistant", "system")
 TOOL_SYSTEM_TOKENS = 346  # Anthropic's tool-use system prompt (tool_choice auto or none)
 TOKENS_PER_MESSAGE = 3
 IMAGE_MAX_TOKENS = 1_600
@@ -141,8 +142,9 @@ def check(headers: Mapping[str, str], body: Any, *, count_only: bool = False) ->
     if not isinstance(messages, list) or not messages:
         raise Invalid("messages: at least one message is required")
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-            raise Invalid(f"messages.{i}.role: Input should be 'user' or 'assistant'")
+        # system: between the turns, as Claude Code 2.1 sends it
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise Invalid(f"messages.{i}.role: Input should be 'user', 'assistant' or 'system'")
         content = message.get("content")
         if isinstance(content, list):
             for j, block in enumerate(content):

@@ -328,18 +328,17 @@ def _tool_choice(value: Any, has_tools: bool) -> dict[str, Any]:
 # -- messages -------------------------------------------------------------------------------------
 
 
-def _system(value: Any) -> list[dict[str, Any]]:
+def _system(value: Any, at: str = "system") -> list[dict[str, Any]]:
+    """The top-level ``system``, or a system message among ``messages`` (``at`` names it)."""
     if value is None:
         return []
     if isinstance(value, str):
         return [{"role": "system", "content": value}]
     if not isinstance(value, list):
-        raise InvalidRequest(
-            "'system' must be a string or an array of text blocks.", param="system"
-        )
+        raise InvalidRequest(f"'{at}' must be a string or an array of text blocks.", param=at)
     parts = []
     for i, block in enumerate(value):
-        where = f"system[{i}]"
+        where = f"{at}[{i}]"
         if not isinstance(block, dict) or block.get("type") != "text":
             raise InvalidRequest(f"'{where}' must be a text block.", param=where)
         parts.append(_text(block, where))
@@ -356,9 +355,14 @@ def _messages(value: Any) -> list[dict[str, Any]]:
         where = f"messages[{i}]"
         message = _object(item, where)
         role, content = message.get("role"), message.get("content")
+        if role == "system":
+            # Claude Code 2.1 sends system messages between the turns (text only); they are
+            # input like the top-level system, counted the same way, and kept in place.
+            out += _system(content, f"{where}.content")
+            continue
         if role not in ("user", "assistant"):
             raise InvalidRequest(
-                f"'{where}.role' must be user or assistant.", param=f"{where}.role"
+                f"'{where}.role' must be user, assistant or system.", param=f"{where}.role"
             )
         if isinstance(content, str):
             out.append({"role": role, "content": content})
