@@ -61,9 +61,13 @@ def home(tmp_path: Path) -> Path:
 
 
 def node_tool(name: str) -> Path:
-    """A client installed by ``npm ci --prefix tests/clients``; missing, the test fails under
-    ``make test`` (HARDCAP_REQUIRE_CLIENTS=1) and is skipped otherwise."""
-    path = NODE_BIN / name
+    """A client's command installed by ``npm ci --prefix tests/clients``."""
+    return installed(NODE_BIN / name)
+
+
+def installed(path: Path) -> Path:
+    """``path`` if the npm install put it there; missing, the test fails under ``make test``
+    (HARDCAP_REQUIRE_CLIENTS=1) and is skipped otherwise."""
     if not path.exists():
         message = f"{path} is missing: run `npm ci --prefix tests/clients`"
         if os.environ.get(REQUIRE_ENV) == "1":

@@ -3,7 +3,7 @@ on free ports, one real Valkey, and one tenant per scenario so a test never shar
 
 Every client is pointed at the gateway by its base URL and key only; its model is a route of
 the same name. The tenant's key says the scenario: ``normal`` (a budget no turn reaches),
-``cut-<test>`` (60 output tokens: the stream is cut), ``spent`` (30 tokens: every turn is
+``cut-<test>`` (60 output tokens: the stream is cut), ``spent`` (1 token: every turn is
 refused at admission).
 """
 
@@ -26,7 +26,8 @@ REQUIRE_ENV = "HARDCAP_REQUIRE_CLIENTS"
 UPSTREAM_KEY_ENV = "HC_CLIENTS_ANTHROPIC_KEY"
 PRICE = {"input_per_million": 3.0, "output_per_million": 15.0}
 CUT_BUDGET = [{"dimension": "output_tokens", "limit": 60, "window": "day"}]
-SPENT_BUDGET = [{"dimension": "total_tokens", "limit": 30, "window": "day"}]
+# One token: every request is larger than the whole budget, refused before it is held.
+SPENT_BUDGET = [{"dimension": "total_tokens", "limit": 1, "window": "day"}]
 BIG_BUDGET = [{"dimension": "total_tokens", "limit": 1_000_000_000, "window": "day"}]
 # The routes a client names: OpenAI-shaped clients use `m` (an OpenAI-compatible upstream;
 # Responses is translated onto it); Anthropic clients use `claude` or Claude Code's own names.
