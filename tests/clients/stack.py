@@ -30,8 +30,9 @@ CUT_BUDGET = [{"dimension": "output_tokens", "limit": 60, "window": "day"}]
 SPENT_BUDGET = [{"dimension": "total_tokens", "limit": 1, "window": "day"}]
 BIG_BUDGET = [{"dimension": "total_tokens", "limit": 1_000_000_000, "window": "day"}]
 # The routes a client names: OpenAI-shaped clients use `m` (an OpenAI-compatible upstream;
-# Responses is translated onto it); Anthropic clients use `claude` or Claude Code's own names.
-OPENAI_ROUTES = ("m",)
+# Responses is translated onto it); Anthropic clients use `claude` or Claude Code's own names; the
+# OpenAI Agents SDK's default model is a route too.
+OPENAI_ROUTES = ("m", "gpt-5.6-luna")
 ANTHROPIC_ROUTES = ("claude", "claude-opus-5-5", "claude-haiku-4-5")
 CUT_TENANTS = 24
 

@@ -1,0 +1,72 @@
+"""The Python clients (pinned in pyproject.toml's dev extra) through the gateway, each in a
+process of its own (tests/clients/python_clients.py) with a HOME of its own: a turn, a turn
+cut at the budget, a refused turn, counting the requests the gateway answered."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.clients.conftest import Stack
+from tests.clients.stack import HERE, Run, key_of, outcomes, run
+
+pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.xdist_group("clients")]
+
+ROOT = HERE.parents[1]
+CUT_PROMPT = "write a story [mock:tokens=400] [mock:pace_ms=2]"
+
+
+def client(stack: Stack, home: Path, name: str, mode: str, tenant: str, prompt: str) -> Any:
+    env = {
+        "HOME": str(home),
+        "PYTHONPATH": str(ROOT),
+        "HARDCAP_BASE_URL": stack.url,
+        "HARDCAP_KEY": key_of(tenant),
+        # What the OpenAI and Anthropic SDKs read themselves.
+        "OPENAI_BASE_URL": f"{stack.url}/v1",
+        "OPENAI_API_KEY": key_of(tenant),
+        "ANTHROPIC_BASE_URL": stack.url,
+        "ANTHROPIC_API_KEY": key_of(tenant),
+        # The Agents SDK would export traces to OpenAI: nonessential traffic, off.
+        "OPENAI_AGENTS_DISABLE_TRACING": "1",
+    }
+    argv = [sys.executable, "-m", "tests.clients.python_clients", name, mode, prompt]
+    done: Run = run(argv, env, cwd=ROOT, timeout_s=60)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert lines, done
+    return done, json.loads(lines[-1])
+
+
+@pytest.mark.parametrize("mode", ["generate", "stream"])
+def test_agents_sdk_turn(client_stack: Stack, home: Path, mode: str) -> None:
+    before = len(outcomes(client_stack.log, "normal"))
+    done, got = client(client_stack, home, "agents", mode, "normal", "say hi [mock:tokens=12]")
+    assert done.returncode == 0 and got["text"].strip(), done
+    assert got["model"] == "gpt-5.6-luna"  # its default model, a route of that name
+    assert outcomes(client_stack.log, "normal")[before:] == ["completed"], done
+
+
+@pytest.mark.parametrize("mode", ["generate", "stream"])
+def test_agents_sdk_cut(client_stack: Stack, home: Path, mode: str) -> None:
+    tenant = client_stack.cut_tenant()
+    done, got = client(client_stack, home, "agents", mode, tenant, CUT_PROMPT)
+    # The Agents SDK ends a run on response.incomplete with ModelBehaviorError, naming the
+    # reason, as it does with OpenAI's own; it shows no partial text and asks no more.
+    assert done.returncode == 1 and got["type"] == "ModelBehaviorError", done
+    assert "max_output_tokens" in got["error"], done
+    # A whole reply was asked upstream with the cap the budget allows: it completes at it.
+    ended = "truncated" if mode == "stream" else "completed"
+    assert outcomes(client_stack.log, tenant) == [ended], done
+
+
+def test_agents_sdk_refused(client_stack: Stack, home: Path) -> None:
+    before = len(outcomes(client_stack.log, "spent"))
+    done, got = client(client_stack, home, "agents", "generate", "spent", "say hi")
+    assert done.returncode == 1 and got["type"] == "RateLimitError", done
+    assert "total_tokens budget of tenant spent" in got["error"], done
+    # The openai SDK underneath honours x-should-retry: false.
+    assert outcomes(client_stack.log, "spent")[before:] == ["429"], done
