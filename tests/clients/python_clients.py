@@ -43,7 +43,37 @@ def agents(mode: str, prompt: str) -> dict[str, Any]:
     return asyncio.run(streamed())
 
 
-CLIENTS: dict[str, Callable[[str, str], dict[str, Any]]] = {"agents": agents}
+def _langchain(model: Any, mode: str, prompt: str) -> dict[str, Any]:
+    """One turn of a LangChain chat model, ``invoke`` or ``stream``: its text and how it
+    ended (``finish_reason`` for OpenAI, ``stop_reason`` for Anthropic)."""
+    if mode == "generate":
+        message = model.invoke(prompt)
+    else:
+        message = None
+        for chunk in model.stream(prompt):
+            message = chunk if message is None else message + chunk
+    meta = message.response_metadata
+    return {"text": message.text, "ended": meta.get("finish_reason") or meta.get("stop_reason")}
+
+
+def langchain_openai(mode: str, prompt: str) -> dict[str, Any]:
+    from langchain_openai import ChatOpenAI
+
+    return _langchain(ChatOpenAI(model="m", base_url=f"{BASE}/v1", api_key=KEY), mode, prompt)
+
+
+def langchain_anthropic(mode: str, prompt: str) -> dict[str, Any]:
+    from langchain_anthropic import ChatAnthropic
+
+    model = ChatAnthropic(model="claude", base_url=BASE, api_key=KEY)  # type: ignore[call-arg]
+    return _langchain(model, mode, prompt)
+
+
+CLIENTS: dict[str, Callable[[str, str], dict[str, Any]]] = {
+    "agents": agents,
+    "langchain-openai": langchain_openai,
+    "langchain-anthropic": langchain_anthropic,
+}
 
 
 def main() -> None:

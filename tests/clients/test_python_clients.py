@@ -70,3 +70,39 @@ def test_agents_sdk_refused(client_stack: Stack, home: Path) -> None:
     assert "total_tokens budget of tenant spent" in got["error"], done
     # The openai SDK underneath honours x-should-retry: false.
     assert outcomes(client_stack.log, "spent")[before:] == ["429"], done
+
+
+# LangChain's chat models, and the finish they report for a reply cut at its cap.
+LANGCHAIN = {"langchain-openai": "length", "langchain-anthropic": "max_tokens"}
+
+
+@pytest.mark.parametrize("mode", ["generate", "stream"])
+@pytest.mark.parametrize("name", sorted(LANGCHAIN))
+def test_langchain_turn(client_stack: Stack, home: Path, name: str, mode: str) -> None:
+    before = len(outcomes(client_stack.log, "normal"))
+    done, got = client(client_stack, home, name, mode, "normal", "say hi [mock:tokens=12]")
+    assert done.returncode == 0 and got["text"].strip(), done
+    assert got["ended"] in ("stop", "end_turn"), done
+    assert outcomes(client_stack.log, "normal")[before:] == ["completed"], done
+
+
+@pytest.mark.parametrize("mode", ["generate", "stream"])
+@pytest.mark.parametrize("name", sorted(LANGCHAIN))
+def test_langchain_cut(client_stack: Stack, home: Path, name: str, mode: str) -> None:
+    tenant = client_stack.cut_tenant()
+    done, got = client(client_stack, home, name, mode, tenant, CUT_PROMPT)
+    # The partial text, ended as a reply cut at max_tokens is.
+    assert done.returncode == 0 and got["text"].strip(), done
+    assert got["ended"] == LANGCHAIN[name], done
+    ended = "truncated" if mode == "stream" else "completed"
+    assert outcomes(client_stack.log, tenant) == [ended], done
+
+
+@pytest.mark.parametrize("name", sorted(LANGCHAIN))
+def test_langchain_refused(client_stack: Stack, home: Path, name: str) -> None:
+    before = len(outcomes(client_stack.log, "spent"))
+    done, got = client(client_stack, home, name, "generate", "spent", "say hi")
+    assert done.returncode == 1 and got["type"].endswith("RateLimitError"), done
+    assert "total_tokens budget of tenant spent" in got["error"], done
+    # Both SDKs underneath honour x-should-retry: false.
+    assert outcomes(client_stack.log, "spent")[before:] == ["429"], done
