@@ -69,7 +69,37 @@ def langchain_anthropic(mode: str, prompt: str) -> dict[str, Any]:
     return _langchain(model, mode, prompt)
 
 
+def _pydantic_ai(name: str, mode: str, prompt: str) -> dict[str, Any]:
+    """pydantic-ai's Agent on a model named as its docs do (``openai:m``), whose provider
+    reads the base URL and key from the environment."""
+    from pydantic_ai import Agent
+
+    agent = Agent(name)
+    if mode == "generate":
+        result = agent.run_sync(prompt)
+        return {"text": result.output, "ended": result.response.finish_reason}
+
+    async def streamed() -> dict[str, Any]:
+        text = ""
+        async with agent.run_stream(prompt) as run:
+            async for delta in run.stream_text(delta=True):
+                text += delta
+            return {"text": text, "ended": run.response.finish_reason}
+
+    return asyncio.run(streamed())
+
+
+def pydantic_ai_openai(mode: str, prompt: str) -> dict[str, Any]:
+    return _pydantic_ai("openai:m", mode, prompt)
+
+
+def pydantic_ai_anthropic(mode: str, prompt: str) -> dict[str, Any]:
+    return _pydantic_ai("anthropic:claude", mode, prompt)
+
+
 CLIENTS: dict[str, Callable[[str, str], dict[str, Any]]] = {
+    "pydantic-ai-openai": pydantic_ai_openai,
+    "pydantic-ai-anthropic": pydantic_ai_anthropic,
     "agents": agents,
     "langchain-openai": langchain_openai,
     "langchain-anthropic": langchain_anthropic,

@@ -34,7 +34,7 @@ BIG_BUDGET = [{"dimension": "total_tokens", "limit": 1_000_000_000, "window": "d
 # OpenAI Agents SDK's default model is a route too.
 OPENAI_ROUTES = ("m", "gpt-5.6-luna")
 ANTHROPIC_ROUTES = ("claude", "claude-opus-5-5", "claude-haiku-4-5")
-CUT_TENANTS = 24
+CUT_TENANTS = 32
 
 
 def key_of(tenant: str) -> str:

@@ -106,3 +106,64 @@ def test_langchain_refused(client_stack: Stack, home: Path, name: str) -> None:
     assert "total_tokens budget of tenant spent" in got["error"], done
     # Both SDKs underneath honour x-should-retry: false.
     assert outcomes(client_stack.log, "spent")[before:] == ["429"], done
+
+
+# pydantic-ai's agents on `openai:m` (its OpenAI provider speaks the Responses API) and
+# `anthropic:claude`; it reports a cut reply's finish as "length" for both.
+PYDANTIC_AI = ("pydantic-ai-openai", "pydantic-ai-anthropic")
+
+
+@pytest.mark.parametrize("mode", ["generate", "stream"])
+@pytest.mark.parametrize("name", PYDANTIC_AI)
+def test_pydantic_ai_turn_and_cut(client_stack: Stack, home: Path, name: str, mode: str) -> None:
+    before = len(outcomes(client_stack.log, "normal"))
+    done, got = client(client_stack, home, name, mode, "normal", "say hi [mock:tokens=12]")
+    assert done.returncode == 0 and got["text"].strip() and got["ended"] == "stop", done
+    assert outcomes(client_stack.log, "normal")[before:] == ["completed"], done
+    tenant = client_stack.cut_tenant()
+    done, got = client(client_stack, home, name, mode, tenant, CUT_PROMPT)
+    assert done.returncode == 0 and got["text"].strip() and got["ended"] == "length", done
+    ended = "truncated" if mode == "stream" else "completed"
+    assert outcomes(client_stack.log, tenant) == [ended], done
+
+
+@pytest.mark.parametrize("name", PYDANTIC_AI)
+def test_pydantic_ai_refused(client_stack: Stack, home: Path, name: str) -> None:
+    before = len(outcomes(client_stack.log, "spent"))
+    done, got = client(client_stack, home, name, "generate", "spent", "say hi")
+    assert done.returncode == 1 and got["type"] == "ModelRateLimitError", done
+    assert "total_tokens budget of tenant spent" in got["error"], done
+    assert outcomes(client_stack.log, "spent")[before:] == ["429"], done
+
+
+def llm(stack: Stack, home: Path, tenant: str, prompt: str, *options: str) -> Run:
+    """Simon Willison's `llm` CLI with the gateway as an extra OpenAI-compatible model."""
+    user = home / "llm"
+    user.mkdir(exist_ok=True)
+    (user / "extra-openai-models.yaml").write_text(
+        f'- model_id: hardcap-m\n  model_name: m\n  api_base: "{stack.url}/v1"\n'
+        "  api_key_name: hardcap\n"
+    )
+    (user / "keys.json").write_text(json.dumps({"hardcap": key_of(tenant)}))
+    argv = [str(Path(sys.executable).parent / "llm"), "-m", "hardcap-m", *options, prompt]
+    return run(argv, {"HOME": str(home), "LLM_USER_PATH": str(user)}, cwd=home, timeout_s=60)
+
+
+@pytest.mark.parametrize("options", [(), ("--no-stream",)], ids=["stream", "whole"])
+def test_llm_turn_cut_and_refused(
+    client_stack: Stack, home: Path, options: tuple[str, ...]
+) -> None:
+    before = len(outcomes(client_stack.log, "normal"))
+    done = llm(client_stack, home, "normal", "say hi [mock:tokens=12]", *options)
+    assert done.returncode == 0 and done.stdout.strip(), done
+    assert outcomes(client_stack.log, "normal")[before:] == ["completed"], done
+    tenant = client_stack.cut_tenant()
+    done = llm(client_stack, home, tenant, CUT_PROMPT, *options)
+    # It prints the partial text and exits 0: it does not say the reply was cut.
+    assert done.returncode == 0 and done.stdout.strip(), done
+    ended = "completed" if options else "truncated"
+    assert outcomes(client_stack.log, tenant) == [ended], done
+    before = len(outcomes(client_stack.log, "spent"))
+    done = llm(client_stack, home, "spent", "say hi", *options)
+    assert done.returncode == 1 and "total_tokens budget of tenant spent" in done.stderr, done
+    assert outcomes(client_stack.log, "spent")[before:] == ["429"], done
