@@ -21,6 +21,12 @@ $(SAM_VENV)/.installed: infra/requirements-tools.txt
 	$(SAM_VENV)/bin/python -m pip install --quiet -r infra/requirements-tools.txt
 	touch $@
 
+# The real clients the tests run (Claude Code, Codex CLI, the Vercel AI SDK), pinned by the lock.
+CLIENTS := tests/clients/node_modules/.installed
+$(CLIENTS): tests/clients/package-lock.json
+	npm ci --prefix tests/clients --no-audit --no-fund
+	touch $@
+
 run: $(BIN)/.installed
 	$(BIN)/hardcap demo
 
@@ -30,12 +36,14 @@ lint: $(BIN)/.installed
 	$(BIN)/mypy --strict hardcap_core
 
 # sam goes at the end of PATH, so `python3` stays the project's; HARDCAP_REQUIRE_SAM=1 makes a
-# test that cannot find sam fail instead of skipping.
-test: lint $(SAM_VENV)/.installed
-	PATH="$$PATH:$(abspath $(SAM_VENV))/bin" HARDCAP_REQUIRE_SAM=1 $(BIN)/python -m pytest -q
+# test that cannot find sam fail instead of skipping; HARDCAP_REQUIRE_CLIENTS=1 the same for a
+# real client missing from tests/clients/node_modules.
+test: lint $(SAM_VENV)/.installed $(CLIENTS)
+	PATH="$$PATH:$(abspath $(SAM_VENV))/bin" HARDCAP_REQUIRE_SAM=1 HARDCAP_REQUIRE_CLIENTS=1 \
+		$(BIN)/python -m pytest -q
 
 bench-quick: $(BIN)/.installed
 	$(BIN)/python -m bench overshoot --quick --check
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache tests/clients/node_modules

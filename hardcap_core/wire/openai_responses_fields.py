@@ -9,7 +9,8 @@ hosted tool in ``tools``, an ``item_reference`` in ``input``) is refused there, 
 
 Served by translation into chat completions (the lingua franca of the providers), some fields
 have no place upstream and are not sent: ``include``, ``store``, ``stream_options``,
-``truncation``, ``top_logprobs``, ``image``, ``max_tool_calls``, ``prompt_cache_options``.
+``truncation``, ``top_logprobs``, ``image``, ``max_tool_calls``, ``prompt_cache_options``,
+``client_metadata``.
 None of them can raise the bill when left out.
 """
 
@@ -48,6 +49,8 @@ RESPONSES_FIELDS = FieldPolicy(
         ),
         "text": Field(COUNTED, "a json_schema format is billed as input and counted"),
         "metadata": Field(PASS, "kept with the request; not billed"),
+        # Not in the SDK's params: Codex CLI sends it (its installation and session ids).
+        "client_metadata": Field(PASS, "the client's own ids; not billed, not sent upstream"),
         "user": Field(PASS, "an end-user id (also the end-user level of a tenant's budgets)"),
         "safety_identifier": Field(PASS, "an end-user id for the provider's abuse checks"),
         "prompt_cache_key": Field(PASS, "how the provider buckets its prompt cache"),

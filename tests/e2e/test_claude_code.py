@@ -1,16 +1,15 @@
-"""Claude Code itself (pinned, installed with npm into `.cache/clients/`) against `hardcap serve`
-and the mock's Anthropic mode, with its defaults: only `ANTHROPIC_BASE_URL` and a key; its
+"""Claude Code itself (the pinned one `make test` installs in tests/clients/) against `hardcap
+serve` and the mock's Anthropic mode, with its defaults: only `ANTHROPIC_BASE_URL` and a key; its
 default model (`claude-opus-5-5`, 128,000 output tokens, adaptive thinking) is a route. It
 sends `/v1/messages?beta=true` with `context_management`, `output_config`, adaptive thinking,
 a mid-conversation system message and cache marks; the turn must finish, and what the ledger
 charged must be what the mock billed.
 
-Skipped, saying why, where npm or the registry is not reachable."""
+Missing, it fails under `make test` (HARDCAP_REQUIRE_CLIENTS=1) and is skipped elsewhere."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -24,11 +23,10 @@ import redis
 from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.valkey import LocalValkey
 from hardcap_core.rollup.records import UsageRecord, parse_entry
+from tests.clients.conftest import node_tool
 from tests.stack import KEYS, Mock, config_data, gateway_processes
 
-CLAUDE_CODE_VERSION = "2.1.337"
 MODEL = "claude-opus-5-5"  # its default model, with max_tokens 128,000
-CLIENTS = Path(__file__).parents[2] / ".cache" / "clients"
 KEY_ENV = "HC_TEST_ANTHROPIC_KEY"
 PRICE = {"input_per_million": 3.0, "output_per_million": 15.0}
 TURN_TIMEOUT_S = 120
@@ -36,22 +34,8 @@ TURN_TIMEOUT_S = 120
 
 @pytest.fixture(scope="module")
 def claude() -> Path:
-    """The pinned Claude Code's `claude`, installed on first use."""
-    prefix = CLIENTS / f"claude-code-{CLAUDE_CODE_VERSION}"
-    binary = prefix / "node_modules" / ".bin" / "claude"
-    if not binary.exists():
-        npm = shutil.which("npm")
-        if npm is None:
-            pytest.skip("npm is not installed")
-        prefix.mkdir(parents=True, exist_ok=True)
-        package = f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}"
-        done = subprocess.run(
-            [npm, "install", "--no-audit", "--no-fund", "--prefix", str(prefix), package],
-            capture_output=True, text=True, timeout=600, check=False,
-        )  # fmt: skip
-        if done.returncode != 0 or not binary.exists():
-            pytest.skip(f"npm could not install {package}: {done.stderr[-500:]}")
-    return binary
+    """The pinned Claude Code's `claude` (tests/clients/package-lock.json)."""
+    return node_tool("claude")
 
 
 @pytest.fixture(scope="module")

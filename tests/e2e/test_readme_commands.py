@@ -44,8 +44,10 @@ def commands(block: str) -> list[str]:
 
 def make_recipe(target: str) -> list[str]:
     """What `make <target>` runs once its venv exists (make -n, the stamp already made)."""
+    venv = Path(sys.executable).parent.parent
+    # -o: the venv's install stamp counts as made, whatever pyproject.toml's time says.
     out = subprocess.run(
-        ["make", "-n", "-s", target, f"VENV={Path(sys.executable).parent.parent}"],
+        ["make", "-n", "-s", target, f"VENV={venv}", "-o", f"{venv}/bin/.installed"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     return [line for line in out.splitlines() if line.strip()]

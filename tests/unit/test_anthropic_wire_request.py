@@ -58,6 +58,11 @@ def png(width: int, height: int) -> str:
             "messages[0].role",
         ),
         (
+            {"model": "small", "max_tokens": 5,
+             "messages": [{"role": "system", "content": [{"type": "image"}]}]},
+            "messages[0].content[0]",
+        ),
+        (
             {"model": "small", "max_tokens": 5, "messages": HI, "tools": [{"type": "web_search"}]},
             "tools[0].type",
         ),
@@ -134,6 +139,18 @@ def png(width: int, height: int) -> str:
 )
 def test_bad_bodies_name_the_field(body: dict[str, Any], param: str) -> None:
     assert refused(body).param == param
+
+
+def test_a_system_message_between_the_turns_is_kept_in_place_and_counted() -> None:
+    # As Claude Code 2.1 sends it.
+    note = [{"type": "text", "text": "The user has changed the working directory."}]
+    turns = [*HI, {"role": "assistant", "content": "hi"}, {"role": "system", "content": note}]
+    request = parse(max_tokens=5, messages=[*turns, *HI])
+    assert [m["role"] for m in request.body["messages"]] == [
+        "user", "assistant", "system", "user",
+    ]  # fmt: skip
+    without = parse(max_tokens=5, messages=[*turns[:2], *HI])
+    assert request.input_tokens > without.input_tokens
 
 
 def test_missing_max_tokens_says_it_is_required() -> None:

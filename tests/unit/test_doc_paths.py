@@ -61,7 +61,8 @@ def code_files() -> Iterator[Path]:
     yield ROOT / ".ci" / "run"
     for top in SCANNED_DIRS:
         for path in sorted((ROOT / top).rglob("*")):
-            if ".aws-sam" in path.parts or "__pycache__" in path.parts or not path.is_file():
+            skipped = {".aws-sam", "__pycache__", "node_modules"}  # built or installed, not ours
+            if skipped.intersection(path.parts) or not path.is_file():
                 continue
             if path.parent == ROOT / "bench" / "results":
                 continue  # a result is a record of its run: it names paths as they were then
