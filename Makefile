@@ -39,8 +39,7 @@ lint: $(BIN)/.installed
 # test that cannot find sam fail instead of skipping; HARDCAP_REQUIRE_CLIENTS=1 the same for a
 # real client missing from tests/clients/node_modules.
 test: lint $(SAM_VENV)/.installed $(CLIENTS)
-	PATH="$$PATH:$(abspath $(SAM_VENV))/bin" HARDCAP_REQUIRE_SAM=1 HARDCAP_REQUIRE_CLIENTS=1 \
-		$(BIN)/python -m pytest -q
+	PATH="$$PATH:$(abspath $(SAM_VENV))/bin" HARDCAP_REQUIRE_SAM=1 HARDCAP_REQUIRE_CLIENTS=1 $(BIN)/python -m pytest -q
 
 bench-quick: $(BIN)/.installed
 	$(BIN)/python -m bench overshoot --quick --check

@@ -220,7 +220,9 @@ def test_a_stream_cut_at_a_60_token_budget_ends_incomplete(
         message = response.output[0]
         assert message.type == "message" and message.status == "incomplete"
         truth = mock.truth("alpha")
-        assert truth["aborted"] == 1, truth  # the upstream was closed, not drained
+        # Closed by the gateway, or stopped by the provider at the cap the gateway asked for
+        # (the room left: which comes first is a race), never drained past the budget.
+        assert truth["aborted"] == 1 or truth["completion_tokens"] <= 60, truth
         row = used(base, "output_tokens")
         assert row["reserved"] == 0 and truth["completion_tokens"] <= row["used"] <= 60
         assert response.usage is not None and response.usage.output_tokens == row["used"]

@@ -60,7 +60,7 @@ def png(width: int, height: int) -> str:
         (
             {"model": "small", "max_tokens": 5,
              "messages": [{"role": "system", "content": [{"type": "image"}]}]},
-            "messages[0].content[0]",
+            "messages[0].content[0].type",
         ),
         (
             {"model": "small", "max_tokens": 5, "messages": HI, "tools": [{"type": "web_search"}]},
