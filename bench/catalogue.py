@@ -221,6 +221,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                 "docs/benchmarks.md (the ledger pipe, A/B)",
             ),
             Result(
+                "wrk-ab-f7d74a8.json",
+                "--targets direct,gateway --base-tree BASE --rounds 3 --block-seconds 5 "
+                "--out bench/results/wrk-ab-f7d74a8.json",
+                "docs/benchmarks.md (this wave's request path against f7d74a8, A/B)",
+            ),
+            Result(
                 "profile-gateway.svg",
                 "--rounds 0 --profile --targets gateway",
                 "README.md; docs/benchmarks.md (flame graph)",
