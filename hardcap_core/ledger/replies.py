@@ -180,9 +180,27 @@ class Refused:
             return f"The {what} is held by requests in flight; retry in about a second."
         if self.reason is Refusal.EXCEEDED:
             reset_s = self.retry_after_ms // 1000
+            left = self.left()
+            if left > 0 and self.budget is not None:
+                # Not spent: what is left is less than this request needs. After a cut, a
+                # long prompt (a coding agent's) would otherwise be told the budget is gone
+                # when a shorter request still fits.
+                return (
+                    f"The {what} has {_amount(self.budget, left)} left, less than this request "
+                    "needs (its input plus the least output it is admitted with): send fewer "
+                    f"input tokens, or wait for the window to reset in {reset_s} s."
+                )
             return f"The {what} is spent for this window; it resets in {reset_s} s."
         per = "requests" if self.dimension == "requests" else "tokens"
         return f"Too many {per} per minute for {self.level}; retry in {self.retry_after_ms} ms."
+
+
+    def left(self) -> int:
+        """What the refusing budget has left after what is used and held (0 if unknown)."""
+        for state in self.budgets:
+            if state.budget == self.budget:
+                return max(state.remaining, 0)
+        return 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,6 +536,13 @@ def _shared_message(r: Refused, shared: SharedBudget) -> str:
     if r.reason is Refusal.RATE_LIMITED:
         return f"The {what} is reached for this minute; retry in {r.retry_after_ms} ms."
     return f"The {what} is spent for this window; it resets in {r.retry_after_ms // 1000} s."
+
+
+def _amount(budget: Budget, amount: int) -> str:
+    """An amount of a budget's dimension as a person reads it."""
+    if budget.dimension is Dimension.COST_USD:
+        return f"${amount / NANO_USD_PER_USD:g}"
+    return f"{amount} tokens"
 
 
 def _limit(budget: Budget) -> str:

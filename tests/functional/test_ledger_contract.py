@@ -100,9 +100,14 @@ async def test_shrinks_only_at_the_tail_of_a_budget(ledger: Ledger) -> None:
     small = await admitted(ledger, sc, input_tokens=20, output_estimate=400, min_output=16)
     assert small.reservation.output_reserved == 80
     await ledger.settle(small.reservation, input_tokens=20, output_tokens=75)
-    # ... and with less than the minimum left, the budget is spent.
+    # ... and with less than the minimum left, it is refused, saying what is left: 5 tokens
+    # are not a spent budget, a request that needs fewer still gets in.
     r = await ledger.admit(sc, input_tokens=0, output_estimate=400, min_output=16)
     assert isinstance(r, Refused) and r.reason is Refusal.EXCEEDED
+    assert "has 5 tokens left" in r.message and "spent" not in r.message
+    await admitted(ledger, sc, input_tokens=0, output_estimate=5, min_output=5)
+    r = await ledger.admit(sc, input_tokens=0, output_estimate=400, min_output=16)
+    assert isinstance(r, Refused) and "is spent for this window" in r.message
 
 
 async def test_rate_limited_by_requests_per_minute(ledger: Ledger) -> None:
