@@ -47,6 +47,13 @@ SDK_RETRY_AFTER_MAX_SECONDS = 60
 # not the gateway's section, and `hardcap serve --rollup-interval` sets the local one.
 ROLLUP_INTERVAL_SECONDS = 5.0
 ROLLUP_FULL_SECONDS = 60.0
+# A scheduled invocation stops once no pass found work for this long (and at once when its
+# first pass finds none): an idle stack pays for one short pass a minute, not ~52 s of passes
+# over empty streams, while traffic (a record at least every ROLLUP_LINGER_SECONDS) keeps the
+# passes going. What it widens: usage that arrives after a lull this long waits for the next
+# scheduled invocation (up to a minute) instead of the next pass (docs/design.md, "Losing the
+# cache"). `hardcap serve`'s timer never stops (nothing to save locally).
+ROLLUP_LINGER_SECONDS = 20.0
 
 
 @dataclass(frozen=True, slots=True)

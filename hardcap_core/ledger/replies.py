@@ -194,7 +194,6 @@ class Refused:
         per = "requests" if self.dimension == "requests" else "tokens"
         return f"Too many {per} per minute for {self.level}; retry in {self.retry_after_ms} ms."
 
-
     def left(self) -> int:
         """What the refusing budget has left after what is used and held (0 if unknown)."""
         for state in self.budgets:

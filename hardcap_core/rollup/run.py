@@ -10,10 +10,10 @@ that died before its acknowledgement: they are acknowledged and not counted agai
 ever applies the entries right after the cursor; if another consumer holds some of them (a run
 whose lease ran out still working), it stops and leaves them for the next run.
 
-A scheduled invocation runs passes every :data:`INTERVAL_S` for most of its minute
-(:func:`rollup_loop`): what a cache that loses its data forgets is what it held since the last
-pass (docs/design.md, "Losing the cache"). A pass over a stream with no entries costs one
-``XLEN``.
+A scheduled invocation runs passes every :data:`INTERVAL_S` for most of its minute while they
+find work, and stops once none has for ``ROLLUP_LINGER_SECONDS`` (:func:`rollup_loop`): what a
+cache that loses its data forgets is what it held since the last pass (docs/design.md, "Losing
+the cache"). A pass over a stream with no entries costs one ``XLEN``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from hardcap_core.budgets import Level, LevelKind
 from hardcap_core.config import Config
-from hardcap_core.config.settings import ROLLUP_INTERVAL_SECONDS
+from hardcap_core.config.settings import ROLLUP_INTERVAL_SECONDS, ROLLUP_LINGER_SECONDS
 from hardcap_core.errors import DurableStoreUnavailable, HardcapError, LedgerUnavailable
 from hardcap_core.ledger import Ledger
 from hardcap_core.logs import logger
@@ -60,6 +60,11 @@ class RollupReport:
     stalled: list[str] = field(default_factory=list)  # roots left for the next run, and why
     passes: int = 1
     notified: int = 0  # threshold notifications sent (rollup/notify.py)
+
+    @property
+    def found_work(self) -> bool:
+        """The pass had something to do, or left something for the next: the stream is live."""
+        return bool(self.applied or self.replayed or self.skipped_busy or self.stalled)
 
     def add(self, other: RollupReport) -> None:
         """Fold a later pass of the same invocation in."""
@@ -110,6 +115,7 @@ async def paced_passes(
     interval_s: float,
     until: float = math.inf,
     full_every_s: float = math.inf,
+    linger_s: float = math.inf,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     stopped: Callable[[], bool] = lambda: False,
     clock: Callable[[], float] = time.monotonic,
@@ -120,13 +126,19 @@ async def paced_passes(
     (``time.monotonic``) or ``stopped()`` is true after a ``sleep`` (which may return early).
     ``full`` for the first pass that goes through, and again once ``full_every_s`` passed
     since the last full one; a pass that failed returns None, so the next is full in its
-    place. The reports added up (None: not one went through)."""
+    place. ``linger_s``: no pass starts once none has found work (:attr:`RollupReport.found_work`)
+    for that long, counted from the start of the last that did (the first pass always runs; a
+    failed one counts as work: the next retries). The reports added up (None: not one went
+    through)."""
     total: RollupReport | None = None
     full_at = -math.inf  # when the last full pass that went through started
+    work_at = -math.inf  # when the last pass that found work (or failed) started
     while not stopped():
         started = clock()
         full = total is None or started - full_at >= full_every_s
         report = await one_pass(full, started)
+        if report is None or report.found_work:
+            work_at = started
         if report is not None:
             full_at = started if full else full_at
             if total is None:
@@ -134,7 +146,7 @@ async def paced_passes(
             else:
                 total.add(report)
         next_at = max(started + interval_s, clock())  # a long pass ran into it
-        if next_at >= until:
+        if next_at >= until or next_at - work_at > linger_s:
             break
         await sleep(next_at - clock())
     return total
@@ -147,6 +159,7 @@ async def rollup_loop(
     *,
     until: float,
     interval_s: float | None = None,
+    linger_s: float = ROLLUP_LINGER_SECONDS,
     metrics: RollupMetrics | None = None,
     ledger: Ledger | None = None,
     batch: int = BATCH,
@@ -155,7 +168,8 @@ async def rollup_loop(
 ) -> RollupReport:
     """Passes of :func:`run_rollup` every ``interval_s`` (:data:`INTERVAL_S`) until ``until``
     (``time.monotonic``), as :func:`paced_passes` paces them: the first replays kept settles
-    and reports budgets; none starts past ``until``."""
+    and reports budgets; none starts past ``until``, nor once ``linger_s`` passed without work
+    (an idle invocation is one pass)."""
     from hardcap_core.rollup.restore import durable_ledger
 
     interval = INTERVAL_S if interval_s is None else interval_s
@@ -177,7 +191,8 @@ async def rollup_loop(
             failed = e
             return None
 
-    total = await paced_passes(one_pass, interval_s=interval, until=until, sleep=sleep)
+    total = await paced_passes(one_pass, interval_s=interval, until=until, linger_s=linger_s,
+                               sleep=sleep)  # fmt: skip
     if total is None and failed is not None:
         raise failed  # not one pass went through: the invocation failed
     return total or RollupReport(passes=0)

@@ -34,11 +34,15 @@ def test_two_tenants_never_spend_past_the_upstream_budget(flushed: LocalValkey, 
         # cause; what they did not use comes back when they settle. So ask until the upstream
         # refuses: every answer spends from the same 6,000, so that comes within a few asks.
         client = openai.OpenAI(base_url=url, api_key=KEYS["alpha"], max_retries=0)
-        with pytest.raises(openai.RateLimitError) as refused:
+
+        def ask_until_refused() -> None:
             for _ in range(UPSTREAM_BUDGET // 10):
                 client.chat.completions.create(
                     model="small", messages=[{"role": "user", "content": "hi"}], max_tokens=200
                 )
+
+        with pytest.raises(openai.RateLimitError) as refused:
+            ask_until_refused()
     time.sleep(0.1)
     truth = {t: mock.truth(t, settle_s=10) for t in ("alpha", "beta")}
     total = sum(row.get("total_tokens", 0) for row in truth.values())

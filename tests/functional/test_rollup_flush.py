@@ -283,6 +283,15 @@ async def test_passes_every_few_seconds_apply_what_arrives_between_them(
     assert reads[2] > reads[1]
 
 
+async def test_an_idle_invocation_ends_after_one_pass(
+    client: Any, config: Config, table: UsageTable
+) -> None:
+    """Nothing to roll up: the scheduled invocation makes one pass and returns, instead of
+    passing over empty streams until its deadline (the idle stack's largest line)."""
+    report = await rollup_loop(config, client, table, until=time.monotonic() + 30, interval_s=0.2)
+    assert (report.passes, report.applied) == (1, 0)
+
+
 async def test_a_failed_pass_leaves_the_rest_of_the_invocation_to_the_next(
     client: Any, config: Config, table: UsageTable, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -73,6 +73,46 @@ async def test_a_full_pass_comes_again_every_full_every_s() -> None:
     assert fulls == [0.0, 60.0, 120.0]
 
 
+async def test_an_idle_invocation_is_one_pass_and_traffic_keeps_the_passes_going() -> None:
+    """An idle stack pays for one pass a minute, not ~52 s of passes over empty streams; while
+    records keep arriving the passes keep the interval, and a lull longer than the linger ends
+    the invocation (the next scheduled one picks up)."""
+
+    async def passes_with(work: set[float], until: float = 55.0) -> list[float]:
+        clock, started = Clock(), list[float]()
+
+        async def one_pass(full: bool, at: float) -> RollupReport | None:
+            started.append(at)
+            clock.now += 0.5
+            if at in work:
+                return None if at == -1.0 else RollupReport(applied=3)
+            return RollupReport()
+
+        await paced_passes(
+            one_pass, interval_s=5.0, until=until, linger_s=12.0, sleep=clock.sleep, clock=clock
+        )
+        return started
+
+    assert await passes_with(set()) == [0.0]
+    busy = {float(t) for t in range(0, 55, 5)}
+    assert await passes_with(busy) == sorted(busy)
+    # Work until 10 s, then none: passes at 15 and 20 s (within 12 s of the last work), no more.
+    assert await passes_with({0.0, 5.0, 10.0}) == [0.0, 5.0, 10.0, 15.0, 20.0]
+
+
+async def test_a_failed_pass_counts_as_work_so_the_next_retries_it() -> None:
+    clock, started = Clock(), list[float]()
+
+    async def one_pass(full: bool, at: float) -> RollupReport | None:
+        started.append(at)
+        return None if at == 0.0 else RollupReport()  # DynamoDB refused the first
+
+    await paced_passes(
+        one_pass, interval_s=5.0, until=55.0, linger_s=5.0, sleep=clock.sleep, clock=clock
+    )
+    assert started == [0.0, 5.0]
+
+
 def test_the_local_timer_keeps_the_cadence_and_the_cli_its_interval(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
