@@ -523,6 +523,14 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ),
     ),
     Benchmark(
+        "soak",
+        "failover",
+        "soak",
+        "two gateways for minutes under mixed traffic and faults: memory, descriptors, crashes, "
+        "the ledger against the mock's truth",
+        (*REQUEST_PATH, "hardcap_core/rollup"),
+    ),
+    Benchmark(
         "live_providers",
         "failover",
         "live_providers",

@@ -90,11 +90,15 @@ def start_gateway(
     hiredis: bool = True,
     fast_server: bool = True,
     log_level: str = "WARNING",
+    env: dict[str, str] | None = None,
+    rollup: bool = False,
 ) -> Service:
     """One ``hardcap serve`` process; ``hiredis=False`` hides the C parser from redis-py,
-    ``fast_server=False`` hides uvloop and httptools from uvicorn."""
+    ``fast_server=False`` hides uvloop and httptools from uvicorn; ``env`` is added to its
+    environment; ``rollup`` runs its rollup timer (against the usage table ``env`` names)."""
     launch = _gateway_launch(hiredis=hiredis, fast_server=fast_server, log_level=log_level)
-    return local_stack.start_gateway(config, tmp, **launch)
+    launch["env"] = {**launch["env"], **(env or {})}
+    return local_stack.start_gateway(config, tmp, rollup=rollup, **launch)
 
 
 @contextmanager
