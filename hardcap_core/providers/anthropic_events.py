@@ -79,6 +79,13 @@ def usage_of(raw: dict[str, Any]) -> Usage:
     details = raw.get("output_tokens_details")
     thinking = details.get("thinking_tokens") if isinstance(details, dict) else None
     has_input = "input_tokens" in counts or read or written
+    server = raw.get("server_tool_use")
+    tool_uses = None
+    if isinstance(server, dict):  # web_search_requests: 3 -> ("web_search", 3)
+        tool_uses = tuple(
+            (name.removesuffix("_requests"), n) for name, n in server.items()
+            if isinstance(n, int) and not isinstance(n, bool)
+        )  # fmt: skip
     return Usage(
         input_tokens=counts.get("input_tokens", 0) + read + written if has_input else None,
         output_tokens=counts.get("output_tokens"),
@@ -88,6 +95,7 @@ def usage_of(raw: dict[str, Any]) -> Usage:
         raw=dict(raw),
         cache_write_1h_input_tokens=hour,
         service_tier=tier if isinstance(tier, str) and tier else None,
+        tool_uses=tool_uses,
     )
 
 

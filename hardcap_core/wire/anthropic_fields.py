@@ -22,10 +22,14 @@ from hardcap_core.wire.field_policy import Effect, Field, FieldPolicy
 P, C, PR, B, R = Effect.PASS, Effect.COUNTED, Effect.PRICED, Effect.BOUNDED, Effect.REFUSED
 
 # Server tools (Anthropic runs them and bills each use, not in tokens), by the prefix of their
-# `type`. Refused per tool: the price tables have no per-use price yet, and a use's results
-# come back as input the gateway cannot count before the call.
+# `type`. Those a route may price per use (its price table's web_search_per_1000,
+# web_fetch_per_1000) are held for max_uses uses and the input their results add
+# (hardcap_core/gateway/money.py, tool_hold); the others are refused naming the tool: code
+# execution is billed per container-hour with no bound a request can set, tool search and MCP
+# toolsets bring results the gateway cannot bound.
 SERVER_TOOLS = ("web_search", "web_fetch", "code_execution", "tool_search", "mcp_toolset",
                 "advisor")  # fmt: skip
+PRICED_SERVER_TOOLS = ("web_search", "web_fetch")
 # context_management edits that only drop content from what is billed (older tool results,
 # older thinking). Any other edit (compact_*: a summarizing call billed as its own
 # iteration) is refused naming it.
@@ -38,11 +42,13 @@ _FIELDS: dict[str, Field] = {
     "system": Field(C, "Counted as input."),
     "tools": Field(
         C,
-        "Custom tools counted as input, with Anthropic's tool-use system prompt. Server "
-        "tools (web search, web fetch, code execution, tool search, MCP toolsets, ...) are "
-        "billed per use, which no route prices yet, and Anthropic-defined client tools "
-        "(bash, text editor, computer, memory) add a system prompt of their own: a 400 "
-        "naming the tool.",
+        "Custom tools counted as input, with Anthropic's tool-use system prompt. Web search "
+        "and web fetch are priced per use from the route's price table, held for max_uses "
+        "uses (the route's server_tool_max_uses sent when unset) and the input their results "
+        "add, charged per use reported; a 400 naming the tool on a route without the price "
+        "or not served by Anthropic. Other server tools (code execution, tool search, MCP "
+        "toolsets, ...) and Anthropic-defined client tools (bash, text editor, computer, "
+        "memory), which add a system prompt of their own: a 400 naming the tool.",
     ),
     "tool_choice": Field(C, "Counted: it changes the tool-use system prompt."),
     "stop_sequences": Field(P, "Only ends the reply sooner."),
