@@ -433,7 +433,14 @@ def _system_turn(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
             )
         tool = _object(block.get("tool"), f"{at}.tool")
         if tool.get("type") == "tool_definition":
-            _tools([_object(tool.get("definition"), f"{at}.tool.definition")])
+            where = f"{at}.tool.definition"
+            _, server = _tools([_object(tool.get("definition"), where)])
+            if server:  # its uses would not be held: the hold is sized from `tools`
+                raise InvalidRequest(
+                    f"'{where}.type': the server tool {server[0].type!r} is billed per use; "
+                    "declare it in 'tools', where its uses are held, not mid-conversation.",
+                    param=f"{where}.type",
+                )
         elif tool.get("type") != "tool_reference":
             raise InvalidRequest(
                 f"'{at}.tool.type' {tool.get('type')!r}: only tools of this request can be "

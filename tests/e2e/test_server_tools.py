@@ -192,3 +192,20 @@ def test_a_web_fetch_is_sent_its_bounds(valkey: LocalValkey, mock: Mock) -> None
         assert sent["body"]["tools"] == [
             {**fetch, "max_uses": 5, "max_content_tokens": RESULT_TOKENS}
         ]
+
+
+def test_count_tokens_takes_the_server_tools_and_betas_claude_code_sends(
+    valkey: LocalValkey, mock: Mock
+) -> None:
+    """count_tokens with Claude Code's betas (sent as the anthropic-beta header), a web search
+    tool and context_management: counted, the tool's definition with the rest."""
+    betas = ["claude-code-20250219", "context-management-2025-06-27"]
+    edits = {"edits": [{"type": "clear_tool_uses_20250919"}]}
+    with stack(valkey, mock) as (base, sdk):
+        plain = {"model": "searching", "messages": [{"role": "user", "content": "news?"}]}
+        without = sdk.beta.messages.count_tokens(**plain, betas=betas)
+        counted = sdk.beta.messages.count_tokens(
+            **plain, tools=[SEARCH], context_management=edits, betas=betas
+        )
+        assert counted.input_tokens > without.input_tokens > 0
+        assert cost_used(base) == (0, 0)
