@@ -212,8 +212,10 @@ def test_search_results_documents_and_images_keep_their_marks_and_count() -> Non
             {"context_management": {"edits": [{"type": "compact_20260112"}]}},
             "context_management.edits[0].type",
         ),
-        ({"tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 0}]},
-         "tools[0].max_uses"),
+        (
+            {"tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 0}]},
+            "tools[0].max_uses",
+        ),
         ({"tools": [{"type": "code_execution_20250825", "name": "x"}]}, "tools[0].type"),
     ],
 )
