@@ -48,6 +48,12 @@ DELTA_TEXT = {
     "input_json_delta": ("partial_json", OutputKind.TOOL_ARGUMENTS),
 }
 BLOCK_NOT_BILLED = frozenset({"type", "id", "tool_use_id", "cache_control"})
+# A server tool's results (search results, a fetched page): streamed to the client, but billed
+# as input of the next sampling turn, not as output. The hold has input for them
+# (money.tool_hold), the provider's final report counts them; counted as output, a search's
+# encrypted results (kilobytes each) would look like thousands of output tokens and cut the
+# stream at its cap.
+SERVER_RESULT_BLOCKS = frozenset({"web_search_tool_result", "web_fetch_tool_result"})
 USAGE_FIELDS = (
     "input_tokens",
     "cache_read_input_tokens",
@@ -161,6 +167,8 @@ class MessageDecoder:
         kind = block.get("type")
         at = index if isinstance(index, int) else len(self.blocks)
         self.blocks[at] = str(kind)
+        if kind in SERVER_RESULT_BLOCKS:
+            return []
         call = None
         if kind == "tool_use":
             call = self.calls.setdefault(at, len(self.calls))

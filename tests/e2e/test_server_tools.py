@@ -209,3 +209,18 @@ def test_count_tokens_takes_the_server_tools_and_betas_claude_code_sends(
         )
         assert counted.input_tokens > without.input_tokens > 0
         assert cost_used(base) == (0, 0)
+
+
+def test_search_results_stream_as_input_not_output(valkey: LocalValkey, mock: Mock) -> None:
+    """Each search streams kilobytes of encrypted results, billed as input of the next turn:
+    a reply of 5 tokens completes on a budget ($0.07) whose hold could not grow by the
+    thousands of tokens the results would count as output, which would cut it."""
+    with stack(valkey, mock, usd_limit=0.07) as (base, sdk):
+        body = {**ask("news? [mock:web_search=2] [mock:search_tokens=3000] [mock:tokens=5]")}
+        body["max_tokens"] = 40
+        with sdk.messages.stream(**body) as stream:
+            final = stream.get_final_message()
+        assert final.stop_reason == "end_turn"
+        assert final.usage.output_tokens == 5 + 2  # the reply and the two queries
+        used, _ = cost_used(base)
+        assert used == token_cost(final.usage) + 2 * NUSD["search"]
