@@ -230,6 +230,9 @@ class Prices:
     long_context: LongContext | None = None
     sends_tier: bool = True  # the upstream is sent the request's service_tier
     terms: Terms = NO_TERMS
+    # Server tools billed per use (Anthropic's web search, web fetch), by kind: nUSD a use,
+    # rounded up. A kind not listed is not priced here: a request using it is refused.
+    per_use: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def per_million(
@@ -273,6 +276,10 @@ class Prices:
         """Every price is 0: whatever a tier multiplies, it stays 0."""
         return not any((self.input_nusd, self.output_nusd, self.cached_read,
                         self.cache_write, self.cache_write_1h))  # fmt: skip
+
+    def per_use_nusd(self, kind: str) -> int | None:
+        """What one use of the server tool ``kind`` costs, in nano-USD (None: not priced)."""
+        return next((nusd for name, nusd in self.per_use if name == kind), None)
 
     def with_terms(self, terms: Terms) -> Prices:
         """These prices for a request with ``terms``."""
@@ -364,6 +371,15 @@ def _scale(nusd: int, ratio: Fraction) -> int:
     if ratio is _ONE:
         return nusd
     return -(-nusd * ratio.numerator // ratio.denominator)
+
+
+def per_thousand_uses(usd_per_1000: float) -> int:
+    """nano-USD a use from USD per 1,000 uses, rounded up (never under-charged)."""
+    if usd_per_1000 < 0:
+        raise ValueError("a price cannot be negative")
+    scaled = round(usd_per_1000 * 1_000_000, 6)
+    whole = int(scaled)
+    return whole if whole == scaled else whole + 1
 
 
 def _ceil_thousand(usd_per_million: float) -> int:

@@ -22,6 +22,18 @@ BEDROCK_CONVERSE = "bedrock_converse"
 
 
 @dataclass(frozen=True, slots=True)
+class ServerTool:
+    """A tool the provider runs and bills per use (Anthropic's web search, web fetch), as a
+    request declared it; :func:`hardcap_core.gateway.money.tool_hold` prices and bounds it."""
+
+    kind: str  # what prices it: web_search, web_fetch
+    type: str  # its versioned type as sent (web_search_20250305)
+    where: str  # where the request declared it (tools[2]): a 400 names it
+    index: int  # its place in the request's ``tools``
+    max_uses: int | None  # the request's bound, if it set one
+
+
+@dataclass(frozen=True, slots=True)
 class ChatRequest:
     """A validated request and what the gateway needs from it."""
 
@@ -38,6 +50,7 @@ class ChatRequest:
     # provider builds its own from ``body``.
     native: dict[str, Any] | None = None
     betas: tuple[str, ...] = ()  # the anthropic-beta values it came with
+    server_tools: tuple[ServerTool, ...] = ()  # tools the provider runs and bills per use
 
     @property
     def messages(self) -> list[dict[str, Any]]:

@@ -86,6 +86,9 @@ class Usage:
     raw: dict[str, Any] | None = None  # the provider's own usage object
     cache_write_1h_input_tokens: int | None = None
     service_tier: str | None = None
+    # Server-tool uses it billed, by kind (Anthropic's usage.server_tool_use: web_search,
+    # web_fetch); None: it did not say.
+    tool_uses: tuple[tuple[str, int], ...] | None = None
 
 
 @dataclass(slots=True)

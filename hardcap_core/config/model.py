@@ -26,6 +26,8 @@ from hardcap_core.budgets import (
 )
 from hardcap_core.config.secrets import KeySource, resolve_api_key
 from hardcap_core.config.settings import (
+    DEFAULT_SERVER_TOOL_INPUT_TOKENS,
+    DEFAULT_SERVER_TOOL_MAX_USES,
     BreakerSettings,
     EstimatorSettings,
     GatewaySettings,
@@ -80,6 +82,9 @@ class Route:
     queue_wait_seconds: float | None = None  # None: the gateway's
     unseen_output: UnseenOutput = "none"  # what it bills unseen (gateway/unseen.py)
     max_pdf_pages: int | None = None  # PDF pages a request may carry; None: the gateway's cap
+    # A server tool's uses when a request bounds none, and the input held per use (schema).
+    server_tool_max_uses: int = DEFAULT_SERVER_TOOL_MAX_USES
+    server_tool_input_tokens: int = DEFAULT_SERVER_TOOL_INPUT_TOKENS
     # How its input is counted (hardcap_core/tokenize/): o200k_base, cl100k_base, anthropic or
     # bound; whether that count replaces the bound on every request ("always") or only where
     # the bound does not fit ("when_needed"); anthropic: ask its count_tokens endpoint.

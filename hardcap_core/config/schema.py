@@ -34,6 +34,8 @@ from hardcap_core.budgets import (
 from hardcap_core.config.secrets import KeySource, KeySourceKind
 from hardcap_core.config.settings import (
     DEFAULT_GATEWAY,
+    DEFAULT_SERVER_TOOL_INPUT_TOKENS,
+    DEFAULT_SERVER_TOOL_MAX_USES,
     EstimatorSettings,
     GatewaySettings,
     UnseenOutput,
@@ -228,6 +230,13 @@ class PriceConfig(_Model):
     # 2, flex: 0.5); a request naming a tier not listed is refused (docs/config.md).
     service_tiers: dict[Annotated[str, Field(pattern=ID_PATTERN.pattern)], PosFloat] = {}
     long_context: LongContextConfig | None = None
+    # Server tools the provider runs and bills per use, on top of tokens (Anthropic: web
+    # search $10 per 1,000 searches; web fetch no fee, only the tokens of what it fetched, so
+    # 0 opts in). Unset: the route does not price the tool, and a request using it is refused
+    # with a 400 naming the tool. Each is held per use up to the request's max_uses (or the
+    # route's server_tool_max_uses), and charged per use the provider reports.
+    web_search_per_1000: NonNegFloat | None = None
+    web_fetch_per_1000: NonNegFloat | None = None
 
     @field_validator("service_tiers")
     @classmethod
@@ -312,6 +321,13 @@ class RouteConfig(_Model):
     price: PriceConfig | None = None
     max_output_tokens: PosInt = 4096
     min_output_reservation: PosInt = 16
+    # A server tool's max_uses when a request sets none: sent upstream as that field, so the
+    # provider stops there, and held as that many uses (money.py, tool_hold).
+    server_tool_max_uses: PosInt = DEFAULT_SERVER_TOOL_MAX_USES
+    # Input tokens held per server-tool use for the results the provider adds to the prompt
+    # of its next sampling turn (billed as input). web_fetch is sent this as its
+    # max_content_tokens when the request sets none, which bounds what a fetch adds.
+    server_tool_input_tokens: PosInt = DEFAULT_SERVER_TOOL_INPUT_TOKENS
     # How long a request may wait for holds in flight (default: the gateway's).
     queue_wait_seconds: NonNegFloat | None = None
     # The most PDF pages a request may carry, all documents together (default: no cap but the

@@ -27,6 +27,12 @@ EstimatorKind = Literal["max_tokens", "fixed", "p95"]
 # it never streams.
 UnseenOutput = Literal["none", "summarized_thinking", "silent_reasoning"]
 
+# Server tools (docs/config.md, "Server tools"): a route's server_tool_max_uses, the uses held
+# and sent upstream as max_uses when a request bounds none; and its server_tool_input_tokens,
+# the input held per use for the results the provider adds to the prompt.
+DEFAULT_SERVER_TOOL_MAX_USES = 5
+DEFAULT_SERVER_TOOL_INPUT_TOKENS = 20_000
+
 # The longest wait a refusal lets the official SDKs sleep through inside one call; a longer one
 # comes with `x-should-retry: false` next to its Retry-After (gateway/answers.py). Why 60 s:
 # the `anthropic` SDK (2.15) sleeps whatever Retry-After says (up to 2**32 ms), once per retry,

@@ -30,6 +30,7 @@ from hardcap_core.budgets import (
     RateLimit,
     Scope,
     Window,
+    per_thousand_uses,
 )
 from hardcap_core.config.model import Config, Policy, Principal, Route, Upstream, UserTemplate
 from hardcap_core.config.schema import (
@@ -87,6 +88,8 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
             r.max_output_tokens, r.min_output_reservation, tuple(r.fallbacks),
             r.queue_wait_seconds, unseen_output=r.unseen(upstreams[r.upstream].kind),
             max_pdf_pages=r.max_pdf_pages,
+            server_tool_max_uses=r.server_tool_max_uses,
+            server_tool_input_tokens=r.server_tool_input_tokens,
             tokenizer=r.counted_by(), exact_count=r.exact_count, count_api=r.count_api,
             shared=_route_shared(r, upstreams[r.upstream]),
         )  # fmt: skip
@@ -191,6 +194,12 @@ def _prices(price: PriceConfig | None, kind: str) -> Prices:
                                         lc.output_multiplier),
         # Only an OpenAI-compatible API is sent a request's service_tier (docs/config.md).
         sends_tier=kind == "openai",
+        per_use=tuple(
+            (tool, per_thousand_uses(usd))
+            for tool, usd in (("web_search", p.web_search_per_1000),
+                              ("web_fetch", p.web_fetch_per_1000))
+            if usd is not None
+        ),
     )  # fmt: skip
 
 

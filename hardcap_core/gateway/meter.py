@@ -32,7 +32,14 @@ from hardcap_core.config.settings import DEFAULT_GATEWAY, GatewaySettings
 from hardcap_core.errors import LedgerUnavailable
 from hardcap_core.events import Usage
 from hardcap_core.gateway.metrics import record_request
-from hardcap_core.gateway.money import Ended, HoldPolicy, failed_attempt, policy_for
+from hardcap_core.gateway.money import (
+    NO_TOOLS,
+    Ended,
+    HoldPolicy,
+    ToolHold,
+    failed_attempt,
+    policy_for,
+)
 from hardcap_core.gateway.pace import Pace, RouteRate
 from hardcap_core.gateway.unseen import SEEN, Unseen
 from hardcap_core.ledger import (
@@ -130,6 +137,7 @@ class Meter:
         route_rate: RouteRate | None = None,
         on_settled: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        tools: ToolHold = NO_TOOLS,
     ) -> None:
         self.ledger = ledger
         self.scope = scope
@@ -138,6 +146,7 @@ class Meter:
         # Picked once: the route's policy over a hold, or no hold when the tenant failed open.
         self.policy: HoldPolicy = policy_for(policy, reserved=reservation is not None)
         self.input_estimate = input_estimate
+        self.tools = tools  # the server tools held, charged per use reported (money.py)
         self.estimator = estimator
         self.route = route
         self.prices = prices  # of the target that serves the request (a fallback may change it)
@@ -372,7 +381,7 @@ class Meter:
             received=self.unseen.tokens + self.seen + self.in_hand,
             in_flight=self.charged_in_flight, reserved=self.reserved, unseen=self.unseen,
             final=usage if self.whole else self.final, ledger_failed=self.ledger_failed,
-            asked=self.asked, received_least=self.received_least,
+            asked=self.asked, received_least=self.received_least, tools=self.tools,
         )  # fmt: skip
 
     def estimated_output(self) -> int:

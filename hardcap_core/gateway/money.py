@@ -5,9 +5,10 @@ tenant that failed open) answers every question whose answer is money, for admis
 (:meth:`.pipeline.Gateway._admit`), the quote (:mod:`.quote`, which calls the same code) and the
 meter (:class:`.meter.Meter`, which keeps the live counters and the ledger I/O and asks here):
 
-- admission: the output cap (:func:`output_cap`), the prices held and charged
-  (:func:`request_prices`), the output estimate and least output (:meth:`HoldPolicy.hold`,
-  with what the provider bills unseen, :mod:`.unseen`);
+- admission: the output cap (:func:`output_cap`), the server tools' uses and what they hold
+  (:func:`tool_hold`), the prices held and charged (:func:`request_prices`), the output
+  estimate and least output (:meth:`HoldPolicy.hold`, with what the provider bills unseen,
+  :mod:`.unseen`);
 - the cap asked of the upstream: a stream's (:meth:`HoldPolicy.room`,
   :meth:`HoldPolicy.stream_cap`) and a whole reply's (:meth:`HoldPolicy.upstream_cap`);
 - while a stream runs: whether the hold grows, refreshes, ends the stream, whether the
@@ -24,12 +25,13 @@ differently; naming it (``name``) makes it the one a route of that policy gets.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, NamedTuple
 
 from hardcap_core.budgets import Prices
-from hardcap_core.chat import ChatRequest
+from hardcap_core.chat import ChatRequest, ServerTool
 from hardcap_core.config import Config, Policy, Route
 from hardcap_core.errors import InvalidRequest
 from hardcap_core.events import Usage
@@ -55,13 +57,132 @@ def output_cap(route: Route, chat: ChatRequest) -> int:
     return chat.max_tokens or limit
 
 
+logger = logging.getLogger("hardcap.money")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUses:
+    """One server tool of a request as it is held: at most ``uses`` uses (the bound the
+    provider is sent as ``max_uses``) at ``nusd`` each (the dearest of the route's chain)."""
+
+    tool: ServerTool
+    uses: int
+    nusd: int
+
+
+@dataclass(frozen=True, slots=True)
+class ToolHold:
+    """What a request's server tools hold (:func:`tool_hold`) and are charged
+    (:meth:`charged`)."""
+
+    tools: tuple[ToolUses, ...] = ()
+    input_tokens: int = 0  # held for the results the uses add to the prompt (billed as input)
+    content_tokens: int = 0  # the max_content_tokens a web fetch is sent when it sets none
+
+    @property
+    def nusd(self) -> int:
+        """The most the uses cost: every one of them, at the price held."""
+        return sum(t.uses * t.nusd for t in self.tools)
+
+    def bounded(self, chat: ChatRequest) -> ChatRequest:
+        """``chat`` with every server tool's bound in the body its provider is sent: the
+        ``max_uses`` held where it set none (and a web fetch's ``max_content_tokens``), so the
+        provider cannot use a tool more often than the budget holds."""
+        if not self.tools or chat.native is None:
+            return chat
+        tools: list[Any] = list(chat.native["tools"])
+        for held in self.tools:
+            entry = dict(tools[held.tool.index])
+            entry["max_uses"] = held.uses
+            if held.tool.kind == "web_fetch" and entry.get("max_content_tokens") is None:
+                entry["max_content_tokens"] = self.content_tokens
+            tools[held.tool.index] = entry
+        return replace(chat, native={**chat.native, "tools": tools})
+
+    def charged(self, report: Usage | None) -> int:
+        """What the uses cost by the provider's ``report`` (its usage.server_tool_use), each
+        kind's count no more than the bound held: a count past it is a provider that used a
+        tool more often than it was allowed, charged the bound (and logged). Without a count
+        of a kind (no final report, a stream cut), every use held is charged."""
+        said = dict(report.tool_uses or ()) if report is not None else {}
+        total = 0
+        for kind in dict.fromkeys(t.tool.kind for t in self.tools):
+            of_kind = [t for t in self.tools if t.tool.kind == kind]
+            bound = sum(t.uses for t in of_kind)
+            nusd = max(t.nusd for t in of_kind)
+            count = said.get(kind)
+            if count is None:
+                count = bound
+            elif count > bound:
+                logger.warning(
+                    "the provider reports more server-tool uses than it was allowed; "
+                    "charged the bound",
+                    extra={"tool": kind, "reported": count, "bound": bound},
+                )
+                count = bound
+            total += max(count, 0) * nusd
+        return total
+
+
+NO_TOOLS = ToolHold()
+
+
+def tool_hold(config: Config, route: Route, chat: ChatRequest) -> ToolHold:
+    """What ``chat``'s server tools hold on ``route``, or a 400 naming the tool: every target
+    of the route's chain must be an Anthropic upstream (which runs them; any other would drop
+    the tool or fail) and price the tool per use (its price table's ``<kind>_per_1000``). Each
+    tool is held for its ``max_uses``, or the route's ``server_tool_max_uses`` (then sent as
+    ``max_uses``, :meth:`ToolHold.bounded`), at the dearest price of the chain; and each use
+    for ``server_tool_input_tokens`` of input, what its results add to the prompt of the
+    next sampling turn (a web fetch is sent that as its ``max_content_tokens``)."""
+    if not chat.server_tools:
+        return NO_TOOLS
+    held: list[ToolUses] = []
+    input_held = 0
+    for tool in chat.server_tools:
+        nusd = 0
+        for target in config.chain(route):
+            if target.upstream.kind != "anthropic":
+                raise InvalidRequest(
+                    f"'{tool.where}.type': the server tool {tool.type!r} is run by Anthropic, "
+                    f"and the model '{target.name}' here is served by a {target.upstream.kind} "
+                    "upstream, which does not run it.",
+                    param=f"{tool.where}.type",
+                )
+            price = target.prices.per_use_nusd(tool.kind)
+            if price is None:
+                raise InvalidRequest(
+                    f"'{tool.where}.type': the server tool {tool.type!r} is billed per use, "
+                    f"which the model '{target.name}' does not price here.",
+                    param=f"{tool.where}.type",
+                )
+            nusd = max(nusd, price)
+        uses = tool.max_uses or route.server_tool_max_uses
+        per_use = route.server_tool_input_tokens
+        native = chat.native["tools"][tool.index] if chat.native is not None else {}
+        if tool.kind == "web_fetch" and native.get("max_content_tokens") is not None:
+            per_use = int(native["max_content_tokens"])  # the fetch's own bound
+        held.append(ToolUses(tool, uses, nusd))
+        input_held += uses * per_use
+    return ToolHold(tuple(held), input_held, route.server_tool_input_tokens)
+
+
 def request_prices(
-    config: Config, route: Route, chat: ChatRequest, input_tokens: int
+    config: Config,
+    route: Route,
+    chat: ChatRequest,
+    input_tokens: int,
+    tools: ToolHold = NO_TOOLS,
 ) -> tuple[Prices, Prices]:
     """The prices ``chat`` (``input_tokens`` its input estimate) on ``route`` is held at, and
     those it is charged at on ``route`` (the meter moves them to a fallback that serves it). A
     service tier that a target of the chain is sent and has no price for is a 400 naming
-    ``service_tier``: it would be billed at a price no budget holds."""
+    ``service_tier``: it would be billed at a price no budget holds.
+
+    The server tools' uses (``tools``, :func:`tool_hold`) are held in USD on the input: the
+    input price held rises by their cost spread over the input held (rounded up), so the
+    ledger's one hold, input x price + output x price, covers every use at its price; the
+    per-token budgets are not touched."""
     terms = price_terms(chat.body)
     for target in config.chain(route) if terms.tier is not None else ():
         if not target.prices.prices_tier(terms.tier):
@@ -71,7 +192,11 @@ def request_prices(
                 f"here (priced: auto, default{', ' + listed if listed else ''}).",
                 param="service_tier",
             )
-    return config.hold_prices(route, terms, input_tokens), route.prices.with_terms(terms)
+    held = config.hold_prices(route, terms, input_tokens)
+    if tools.nusd:
+        spread = -(-tools.nusd // max(input_tokens, 1))
+        held = Prices(held.input_nusd + spread, held.output_nusd)
+    return held, route.prices.with_terms(terms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +221,12 @@ class Charge(NamedTuple):
     written_1h: int | None = None  # of those, kept an hour (None: the provider did not say)
     tier: str | None = None  # the service tier the provider says it served
     estimated: bool = False  # a cut stream without the provider's final report: our estimate
+    fees: int = 0  # nUSD of server-tool uses (ToolHold.charged), on top of the tokens
 
     def cost(self, prices: Prices) -> int:
-        """What it costs at ``prices`` (the target that served it, with the request's terms)."""
-        return prices.cost(
+        """What it costs at ``prices`` (the target that served it, with the request's terms),
+        server-tool uses included."""
+        return self.fees + prices.cost(
             self.input, self.output, cached=self.cached, written=self.written,
             written_1h=self.written_1h, tier=self.tier,
         )  # fmt: skip
@@ -118,6 +245,7 @@ class Ended:
     ledger_failed: bool = False  # a call to grow or keep the hold got no answer
     asked: int | None = None  # the max_tokens the provider was sent
     received_least: int = 0  # a lower bound of the output received (a token a piece)
+    tools: ToolHold = NO_TOOLS  # the server tools it held
 
 
 def failed_attempt(input_tokens: int, guard: int) -> Charge:
@@ -320,12 +448,18 @@ class HoldPolicy:
 
     def charge(self, outcome: Outcome, usage: Usage | None, ended: Ended) -> Charge:
         """What a request that ended with ``outcome`` is charged, ``usage`` the provider's last
-        report (:func:`settle_charge`)."""
-        return settle_charge(
+        report (:func:`settle_charge`), and its server tools' uses by the final report (without
+        one, all it held: :meth:`ToolHold.charged`)."""
+        bill = settle_charge(
             outcome, usage, final=ended.final, input_estimate=ended.input_estimate,
             received=ended.received, ended_output=lambda: self.ended_output(ended),
             least_output=self.least_billed(ended),
         )  # fmt: skip
+        if not ended.tools.tools or outcome.billed_nothing:
+            return bill
+        if ended.final is None:  # the results' input comes after the input reported first
+            bill = bill._replace(input=max(bill.input, ended.input_estimate))
+        return bill._replace(fees=ended.tools.charged(ended.final))
 
 
 _BY_NAME: dict[str, HoldPolicy] = {}

@@ -37,7 +37,7 @@ from hardcap_core.gateway.failover import Targets
 from hardcap_core.gateway.loop_lag import LoopLag
 from hardcap_core.gateway.meter import Meter, MeterSettings, SettleFallback
 from hardcap_core.gateway.metrics import record_request
-from hardcap_core.gateway.money import output_cap, policy_for, request_prices
+from hardcap_core.gateway.money import ToolHold, output_cap, policy_for, request_prices, tool_hold
 from hardcap_core.gateway.pace import Listened, RouteRate
 from hardcap_core.gateway.queue import Wakeups, admit_in_turn
 from hardcap_core.gateway.relay import Relay
@@ -155,6 +155,8 @@ class Gateway:
             route = self.route_for(chat.model, principal)
             check_pdf_pages(chat.body, route.max_pdf_pages)  # a 400 past the route's cap
             max_tokens = output_cap(route, chat)  # or a 400
+            tools = tool_hold(self.config, route, chat)  # or a 400 naming the tool
+            chat = tools.bounded(chat)  # the provider is sent the uses held
             meta = ReservationMeta(
                 route.name, route.model, principal.key_id, request_id, principal.tenant_id,
                 principal.org_id or "", route.upstream.name, principal.user,
@@ -162,8 +164,9 @@ class Gateway:
             )  # fmt: skip
             try:
                 admission = await self._admit(
-                    principal, route, chat, max_tokens, meta, wire, arrived, wait_until, request
-                )
+                    principal, route, chat, max_tokens, meta, wire, arrived, wait_until,
+                    request, tools,
+                )  # fmt: skip
                 break
             except ConfigStale as stale:
                 # An admin changed this tenant's hierarchy since this copy was read: nothing
@@ -268,13 +271,16 @@ class Gateway:
         arrived: float,
         deadline: float | None,
         request: Request,
+        tools: ToolHold,
     ) -> Admission:
         money = policy_for(route.policy)  # what it holds, may generate and is charged
         estimator = self.estimators[route.name]
         # The cheap bound first; the route's count where it always wants it, or (admit, below)
         # where the bound does not fit (tokenize/routes.py).
         inputs = await self.counts.reserving(route, chat)
-        held, prices = request_prices(self.config, route, chat, inputs.tokens)  # or a 400
+        # Server tools' results come back as input of later sampling turns: held on top.
+        extra_in = tools.input_tokens
+        held, prices = request_prices(self.config, route, chat, inputs.tokens + extra_in, tools)
         expected = None
         if money.asks_estimate(chat.stream):  # never raises: without the budget server, the cap
             expected = await estimator.estimate(route.name, max_tokens, tenant=principal.tenant_id)
@@ -287,7 +293,8 @@ class Gateway:
 
         def reserve(ticket_ms: int, input_tokens: int, record_refusal: bool) -> Any:
             nonlocal held, prices
-            held, prices = request_prices(self.config, route, chat, input_tokens)
+            input_tokens += extra_in
+            held, prices = request_prices(self.config, route, chat, input_tokens, tools)
             return self.ledger.admit(
                 principal.scope,
                 input_tokens=input_tokens,
@@ -354,7 +361,8 @@ class Gateway:
             reservation,
             self.meter_settings,
             policy=money,
-            input_estimate=inputs.tokens,
+            input_estimate=inputs.tokens + extra_in,
+            tools=tools,
             estimator=estimator,
             route=route.name,
             prices=prices,

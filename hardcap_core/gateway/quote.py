@@ -24,7 +24,7 @@ from hardcap_core.chat import ChatRequest
 from hardcap_core.config import Principal, Route
 from hardcap_core.errors import LedgerUnavailable, ServiceUnavailable
 from hardcap_core.gateway.answers import usage_row
-from hardcap_core.gateway.money import Hold, output_cap, policy_for, request_prices
+from hardcap_core.gateway.money import Hold, output_cap, policy_for, request_prices, tool_hold
 from hardcap_core.ledger.replies import RateState, Usage, UsageRow
 from hardcap_core.wire.openai_input import check_pdf_pages
 
@@ -179,9 +179,11 @@ async def quote(gw: Gateway, raw: bytes, principal: Principal, parse: Any) -> di
     route = gw.route_for(chat.model, principal)
     check_pdf_pages(chat.body, route.max_pdf_pages)
     max_tokens = output_cap(route, chat)  # or a 400, as the chat endpoint's
+    tools = tool_hold(gw.config, route, chat)  # or a 400 naming the tool, as admission's
     counted = await gw.counts.count(route, chat)
     tokens = gw.counts.bound(route, chat) if counted is None else counted
-    held, prices = request_prices(gw.config, route, chat, tokens)  # or a 400
+    tokens += tools.input_tokens  # what the server tools' results add, as admission holds it
+    held, prices = request_prices(gw.config, route, chat, tokens, tools)  # or a 400
     expected = await gw.estimators[route.name].estimate(
         route.name, max_tokens, tenant=principal.tenant_id
     )
@@ -201,7 +203,7 @@ async def quote(gw: Gateway, raw: bytes, principal: Principal, parse: Any) -> di
         "max_tokens": max_tokens,
         "expected_output_tokens": min(expected, max_tokens),
         "worst_case_cost_usd": usd(worst),
-        "expected_cost_usd": usd(prices.cost(tokens, min(expected, max_tokens))),
+        "expected_cost_usd": usd(prices.cost(tokens, min(expected, max_tokens)) + tools.nusd),
         "decision": _decision(decision),
         "budgets": [
             _budget(row, tokens, max_tokens, held.input_nusd, held.output_nusd)

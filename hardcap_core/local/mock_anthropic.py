@@ -41,6 +41,14 @@ stall_after=N (nothing more after N steps until the client leaves). `max_tokens`
 thinking and output together: stop_reason "max_tokens"; `thinking.budget_tokens` caps the
 thinking, as it caps the full thinking of Claude 4. Others (hidden, silent_ms, audio,
 function_call, gzip, other malformed kinds) are refused with a 400.
+
+Server tools: a `web_search_*` tool (its `name`, `max_uses`, domain and location options)
+makes the reply search first (`mock_anthropic_replies.Searches`): `[mock:web_search=N]`
+searches (default 1), never more than its `max_uses`, as the API stops there; each search's
+results billed as `[mock:search_tokens=N]` input tokens (default `SEARCH_RESULT_TOKENS`), and
+the count reported in `usage.server_tool_use.web_search_requests`. `[mock:overreport=N]`
+misbehaves: it reports N more searches than it ran (past `max_uses`). A `web_fetch_*` tool
+is accepted (fetches nothing). Other server tools are refused, as a gateway must not send them.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import re
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -59,6 +68,8 @@ from starlette.routing import Route
 
 from hardcap_core.local.mock_anthropic_replies import (
     ANTHROPIC_MALFORMED,
+    NO_SEARCHES,
+    Searches,
     message_body,
     stream_messages,
 )
@@ -92,6 +103,12 @@ TOOL_FIELDS = frozenset(
     {"name", "description", "input_schema", "cache_control", "type", "strict", "defer_loading",
      "input_examples", "eager_input_streaming"}
 )  # fmt: skip
+SERVER_TOOL_FIELDS = frozenset(
+    {"type", "name", "max_uses", "allowed_domains", "blocked_domains", "user_location",
+     "cache_control", "max_content_tokens", "citations", "defer_loading", "allowed_callers"}
+)  # fmt: skip
+SERVER_TOOL_TYPES = ("web_search_", "web_fetch_")
+SEARCH_RESULT_TOKENS = 400  # input a search's results add (the mock's; real ones vary)
 RECEIVED = 16  # the last requests `GET /mock/anthropic/received` shows
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 ERROR_TYPES = {
@@ -179,6 +196,16 @@ def _check_block(block: Any, where: str) -> None:
 
 def _check_options(body: dict[str, Any]) -> None:
     for i, tool in enumerate(body.get("tools") or []):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if isinstance(kind, str) and kind.startswith(SERVER_TOOL_TYPES):
+            if not tool.get("name") or set(tool) - SERVER_TOOL_FIELDS:
+                raise Invalid(f"tools.{i}: a server tool needs a name, and no other fields")
+            uses = tool.get("max_uses")
+            if uses is not None and (type(uses) is not int or uses < 1):
+                raise Invalid(f"tools.{i}.max_uses: an integer >= 1")
+            continue
+        if kind not in (None, "custom"):
+            raise Invalid(f"tools.{i}.type: {kind!r} is not a tool this mock runs")
         if not isinstance(tool, dict) or not tool.get("name") or "input_schema" not in tool:
             raise Invalid(f"tools.{i}: a tool needs name and input_schema")
         if set(tool) - TOOL_FIELDS:
@@ -311,6 +338,7 @@ def planning_request(body: dict[str, Any]) -> ChatRequest:
     tools = [
         {"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}}
         for t in body.get("tools") or []
+        if "input_schema" in t  # a server tool is not the model's to call as a function
     ]
     choice: Any = None
     spec = body.get("tool_choice")
@@ -333,6 +361,22 @@ def planning_request(body: dict[str, Any]) -> ChatRequest:
     )
 
 
+def searches(body: Mapping[str, Any], text: str) -> Searches:
+    """The web searches a reply to ``body`` makes (``text``: where the directives are)."""
+    tool = next(
+        (t for t in body.get("tools") or [] if str(t.get("type", "")).startswith("web_search_")),
+        None,
+    )
+    if tool is None:
+        return NO_SEARCHES
+    knobs = {name: int(float(v)) for name, v in re.findall(r"\[mock:([a-z_]+)=([0-9.]+)\]", text)}
+    count = knobs.get("web_search", 1)
+    if tool.get("max_uses") is not None:
+        count = min(count, tool["max_uses"])  # the API stops searching at max_uses
+    tokens = knobs.get("search_tokens", SEARCH_RESULT_TOKENS)
+    return Searches(True, count, count + knobs.get("overreport", 0), tokens)
+
+
 def anthropic_routes(
     truth: GroundTruth,
     faults: Faults,
@@ -351,6 +395,11 @@ def anthropic_routes(
             check(request.headers, body)
             req = planning_request(body)
             plan = _plan(planner, req, body)
+            search = searches(body, req.last_user_text())
+            # Its results are input of the sampling turns after each search: billed as such.
+            plan = dataclasses.replace(
+                plan, prompt_tokens=plan.prompt_tokens + search.count * search.result_tokens
+            )
             if cache is not None and not (plan.cache_read or plan.cache_write):
                 use = cache.use(cache_blocks(body), mark_last=body.get("cache_control") is not None)
                 if use is not None:
@@ -370,9 +419,9 @@ def anthropic_routes(
             return error(plan.status, message, retry_headers(plan.retry_after))
         hour = hour_prefix(body)
         if req.stream:
-            events = stream_messages(req.model, plan, account, first_token_ms, hour)
+            events = stream_messages(req.model, plan, account, first_token_ms, hour, search)
             return CuttableStreamingResponse(events, account)
-        return await _whole(req.model, plan, account, first_token_ms, hour)
+        return await _whole(req.model, plan, account, first_token_ms, hour, search)
 
     async def count_tokens(request: Request) -> Response:
         try:
@@ -413,17 +462,17 @@ def _plan(planner: Planner, req: ChatRequest, body: dict[str, Any]) -> Plan:
 
 
 async def _whole(
-    model: str, plan: Plan, account: Account, first_token_ms: float, hour: int
+    model: str, plan: Plan, account: Account, first_token_ms: float, hour: int, search: Searches
 ) -> Response:
     finished = False
     try:
         steps = len(plan.reasoning) + len(plan.content)
         await asyncio.sleep((first_token_ms + steps * plan.pace_ms) / 1000)
-        body = message_body(model, plan, hour)
+        body = message_body(model, plan, hour, search)
         if plan.drop:
             events = dropped(json.dumps(body).encode(), account)
             return CuttableStreamingResponse(events, account, None, "application/json")
-        account.add_tokens(plan.completion_tokens)
+        account.add_tokens(plan.completion_tokens + search.count)
         finished = True
     finally:
         if not plan.drop:

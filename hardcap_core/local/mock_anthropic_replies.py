@@ -11,17 +11,25 @@ always, as Claude 4 models stream it) and ends with an unbilled `signature_delta
 steps in, the stream stalls until the client leaves; a tool_use block brings
 its name at `content_block_start` (unbilled, as Anthropic counts a call's input) and its
 input as `input_json_delta` fragments.
+
+Web search (a `web_search_*` server tool in the request, `Searches`): before the reply, per
+search a `server_tool_use` block (its query one billed output token, as `input_json_delta`)
+and a `web_search_tool_result` block; each search's results are billed as input
+(`Searches.result_tokens`), reported with the final usage (`message_delta`, where Anthropic
+reports the input of every sampling turn) beside `server_tool_use.web_search_requests`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import hashlib
 import json
 import time
 import uuid
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from typing import Any
 
 from hardcap_core.local.mock_faults import HANG_LIMIT_S
@@ -39,12 +47,30 @@ STOP_REASONS = {
 ANTHROPIC_MALFORMED = frozenset({ERROR_OBJECT, NOT_JSON})
 
 
+@dataclass(frozen=True, slots=True)
+class Searches:
+    """The web searches one reply makes: ``count`` run (no more than the request's
+    ``max_uses``), ``reported`` in ``usage.server_tool_use.web_search_requests`` (more than
+    run: a misbehaving upstream), each adding ``result_tokens`` of input. ``offered``: the
+    request had a web search tool (usage then reports the count, 0 too)."""
+
+    offered: bool = False
+    count: int = 0
+    reported: int = 0
+    result_tokens: int = 0
+
+
+NO_SEARCHES = Searches()
+
+
 def signature(text: str) -> str:
     """A stand-in for the signature that authenticates a thinking block (base64, as real)."""
     return base64.b64encode(hashlib.sha256(text.encode()).digest() * 4).decode()
 
 
-def usage(plan: Plan, output_tokens: int, hour_prefix: int = 0) -> dict[str, Any]:
+def usage(
+    plan: Plan, output_tokens: int, hour_prefix: int = 0, searches: Searches = NO_SEARCHES
+) -> dict[str, Any]:
     """Anthropic's usage: `input_tokens` are the prompt tokens neither read from nor written
     to the cache; the three add up to the whole prompt. The cache holds a prefix: the first
     `cache_read` tokens are read, the next `cache_write` written; of those written, the ones
@@ -64,6 +90,8 @@ def usage(plan: Plan, output_tokens: int, hour_prefix: int = 0) -> dict[str, Any
             "ephemeral_5m_input_tokens": written - hour,
             "ephemeral_1h_input_tokens": hour,
         }
+    if searches.offered:
+        out["server_tool_use"] = {"web_search_requests": searches.reported}
     return out
 
 
@@ -80,11 +108,43 @@ def _event(name: str, payload: dict[str, Any]) -> bytes:
     return f"event: {name}\ndata: {json.dumps(payload)}\n\n".encode()
 
 
+def _search_blocks(searches: Searches, start: int) -> list[tuple[dict[str, Any], str]]:
+    """Per search, a server_tool_use block (with its query) and its result block."""
+    out: list[tuple[dict[str, Any], str]] = []
+    for n in range(searches.count):
+        call_id = f"srvtoolu_{uuid.uuid4().hex[:24]}"
+        use = {"type": "server_tool_use", "id": call_id, "name": "web_search", "input": {}}
+        result = {
+            "type": "web_search_tool_result",
+            "tool_use_id": call_id,
+            "content": [
+                {"type": "web_search_result", "url": f"https://example.com/{start + n}",
+                 "title": "Example", "encrypted_content": _sealed(searches.result_tokens),
+                 "page_age": None}
+            ],
+        }  # fmt: skip
+        out += [(use, json.dumps({"query": f"q{n}"})), (result, "")]
+    return out
+
+
+def _sealed(tokens: int) -> str:
+    """Encrypted result content about as long as Anthropic's for ``tokens`` of input: opaque
+    base64, some 4 characters a token."""
+    return base64.b64encode(hashlib.sha256(str(tokens).encode()).digest() * (tokens // 10 + 1))[
+        : tokens * 4
+    ].decode()
+
+
 async def stream_messages(
-    model: str, plan: Plan, account: Account, first_token_ms: float, hour_prefix: int = 0
+    model: str,
+    plan: Plan,
+    account: Account,
+    first_token_ms: float,
+    hour_prefix: int = 0,
+    searches: Searches = NO_SEARCHES,
 ) -> AsyncGenerator[bytes, None]:
     """The SSE events of one streamed message; counts each billed token into `account`
-    (`hour_prefix`: see `usage`)."""
+    (`hour_prefix`: see `usage`; `searches`: the web searches it makes first)."""
     message: dict[str, Any] = {
         "id": f"msg_{uuid.uuid4().hex[:24]}",
         "type": "message",
@@ -96,9 +156,17 @@ async def stream_messages(
         # Anthropic's message_start counts one output token before any is streamed (its
         # streaming guide's example says `"output_tokens": 1`); message_delta's cumulative
         # count replaces it, so the ground truth, counted per streamed token, does not.
-        "usage": usage(plan, 1, hour_prefix),
+        # The first sampling turn's input: the results of its searches come in later ones.
+        "usage": usage(
+            dataclasses.replace(
+                plan, prompt_tokens=plan.prompt_tokens - searches.count * searches.result_tokens
+            ),
+            1,
+            hour_prefix,
+        ),
     }
     total = sum(len(pieces) for _, pieces in _blocks(plan))
+    server = _search_blocks(searches, 0)
     die, eof = (None if n is None else min(n, total) for n in (plan.die_after, plan.eof_after))
     bad_at = min(plan.malformed_at, total) if plan.malformed is not None else None
     started = time.monotonic() + first_token_ms / 1000
@@ -107,28 +175,40 @@ async def stream_messages(
     try:
         await asyncio.sleep(first_token_ms / 1000)
         yield _event("message_start", {"type": "message_start", "message": message})
-        for index, (kind, pieces) in enumerate(_blocks(plan)):
+        for index, (block, query) in enumerate(server):
+            start = {"type": "content_block_start", "index": index, "content_block": block}
+            yield _event("content_block_start", start)
+            if query:  # the query is output the model wrote: billed
+                account.add_tokens(1)
+                step += 1
+                written = {"type": "input_json_delta", "partial_json": query}
+                yield _event(
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": index, "delta": written},
+                )
+            yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
+        searched = step
+        for index, (kind, pieces) in enumerate(_blocks(plan), start=len(server)):
             yield _event("content_block_start", _block_start(index, kind, plan))
             if index == 0:
                 yield _event("ping", {"type": "ping"})
             for n, piece in enumerate([*pieces, None]):
-                if step == bad_at:
+                at = step - searched  # the directives count the reply's own steps
+                if at == bad_at:
                     bad_at = None
                     yield _bad_event(plan)
                     if plan.malformed == ERROR_OBJECT:
                         return  # the provider failed: it stops, and ends the body
-                if step == die:
+                if at == die:
                     raise MockAbort
-                if step == eof:
+                if at == eof:
                     return
-                if step == plan.stall_after:
+                if at == plan.stall_after:
                     await asyncio.sleep(HANG_LIMIT_S)  # stalled: nothing until the client leaves
                     return
                 if piece is None:
                     break
-                await asyncio.sleep(
-                    max(0.0, started + step * plan.pace_ms / 1000 - time.monotonic())
-                )
+                await asyncio.sleep(max(0.0, started + at * plan.pace_ms / 1000 - time.monotonic()))
                 account.add_tokens(1)
                 step += 1
                 if kind != "thinking" or _shown(n, len(pieces), plan.summarize):
@@ -141,7 +221,10 @@ async def stream_messages(
                 )
             yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
         delta = {"stop_reason": STOP_REASONS[plan.finish_reason], "stop_sequence": None}
-        closing = {"type": "message_delta", "delta": delta, "usage": {"output_tokens": step}}
+        final: dict[str, Any] = {"output_tokens": step}
+        if searches.offered:  # every sampling turn's input, and the searches billed
+            final = usage(plan, step, hour_prefix, searches)
+        closing = {"type": "message_delta", "delta": delta, "usage": final}
         yield _event("message_delta", closing)
         yield _event("message_stop", {"type": "message_stop"})
         finished = True
@@ -186,9 +269,14 @@ def _tool_id() -> str:
     return f"toolu_{uuid.uuid4().hex[:24]}"
 
 
-def message_body(model: str, plan: Plan, hour_prefix: int = 0) -> dict[str, Any]:
-    """A whole (non-streamed) `message` (`hour_prefix`: see `usage`)."""
+def message_body(
+    model: str, plan: Plan, hour_prefix: int = 0, searches: Searches = NO_SEARCHES
+) -> dict[str, Any]:
+    """A whole (non-streamed) `message` (`hour_prefix`: see `usage`; `searches` made first,
+    each query one billed output token)."""
     content: list[dict[str, Any]] = []
+    for block, query in _search_blocks(searches, 0):
+        content.append({**block, "input": json.loads(query)} if query else block)
     for kind, pieces in _blocks(plan):
         text = "".join(pieces)
         if kind == "thinking":
@@ -213,5 +301,5 @@ def message_body(model: str, plan: Plan, hour_prefix: int = 0) -> dict[str, Any]
         "content": content,
         "stop_reason": STOP_REASONS[plan.finish_reason],
         "stop_sequence": None,
-        "usage": usage(plan, plan.completion_tokens, hour_prefix),
+        "usage": usage(plan, plan.completion_tokens + searches.count, hour_prefix, searches),
     }

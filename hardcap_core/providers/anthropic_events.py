@@ -48,6 +48,12 @@ DELTA_TEXT = {
     "input_json_delta": ("partial_json", OutputKind.TOOL_ARGUMENTS),
 }
 BLOCK_NOT_BILLED = frozenset({"type", "id", "tool_use_id", "cache_control"})
+# A server tool's results (search results, a fetched page): streamed to the client, but billed
+# as input of the next sampling turn, not as output. The hold has input for them
+# (money.tool_hold), the provider's final report counts them; counted as output, a search's
+# encrypted results (kilobytes each) would look like thousands of output tokens and cut the
+# stream at its cap.
+SERVER_RESULT_BLOCKS = frozenset({"web_search_tool_result", "web_fetch_tool_result"})
 USAGE_FIELDS = (
     "input_tokens",
     "cache_read_input_tokens",
@@ -79,6 +85,13 @@ def usage_of(raw: dict[str, Any]) -> Usage:
     details = raw.get("output_tokens_details")
     thinking = details.get("thinking_tokens") if isinstance(details, dict) else None
     has_input = "input_tokens" in counts or read or written
+    server = raw.get("server_tool_use")
+    tool_uses = None
+    if isinstance(server, dict):  # web_search_requests: 3 -> ("web_search", 3)
+        tool_uses = tuple(
+            (name.removesuffix("_requests"), n) for name, n in server.items()
+            if isinstance(n, int) and not isinstance(n, bool)
+        )  # fmt: skip
     return Usage(
         input_tokens=counts.get("input_tokens", 0) + read + written if has_input else None,
         output_tokens=counts.get("output_tokens"),
@@ -88,6 +101,7 @@ def usage_of(raw: dict[str, Any]) -> Usage:
         raw=dict(raw),
         cache_write_1h_input_tokens=hour,
         service_tier=tier if isinstance(tier, str) and tier else None,
+        tool_uses=tool_uses,
     )
 
 
@@ -153,6 +167,8 @@ class MessageDecoder:
         kind = block.get("type")
         at = index if isinstance(index, int) else len(self.blocks)
         self.blocks[at] = str(kind)
+        if kind in SERVER_RESULT_BLOCKS:
+            return []
         call = None
         if kind == "tool_use":
             call = self.calls.setdefault(at, len(self.calls))

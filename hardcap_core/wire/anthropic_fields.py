@@ -22,10 +22,23 @@ from hardcap_core.wire.field_policy import Effect, Field, FieldPolicy
 P, C, PR, B, R = Effect.PASS, Effect.COUNTED, Effect.PRICED, Effect.BOUNDED, Effect.REFUSED
 
 # Server tools (Anthropic runs them and bills each use, not in tokens), by the prefix of their
-# `type`. Refused per tool: the price tables have no per-use price yet, and a use's results
-# come back as input the gateway cannot count before the call.
+# `type`. Those a route may price per use (its price table's web_search_per_1000,
+# web_fetch_per_1000) are held for max_uses uses and the input their results add
+# (hardcap_core/gateway/money.py, tool_hold); the others are refused naming the tool: code
+# execution is billed per container-hour with no bound a request can set, tool search and MCP
+# toolsets bring results the gateway cannot bound.
 SERVER_TOOLS = ("web_search", "web_fetch", "code_execution", "tool_search", "mcp_toolset",
                 "advisor")  # fmt: skip
+PRICED_SERVER_TOOLS = ("web_search", "web_fetch")
+# anthropic-beta values a Bedrock route takes, sent in Converse's additionalModelRequestFields
+# as anthropic_beta (Bedrock's Claude request parameters list them); a value that only names
+# the client (a prefix of CLIENT_BETAS) changes nothing Bedrock runs and is not sent. Any other
+# beta is a 400 naming it on a Bedrock route: Bedrock would not do what it asks.
+BEDROCK_BETAS = frozenset(
+    {"interleaved-thinking-2025-05-14", "token-efficient-tools-2025-02-19",
+     "output-128k-2025-02-19", "context-1m-2025-08-07", "computer-use-2025-01-24"}
+)  # fmt: skip
+CLIENT_BETAS = ("claude-code-", "oauth-")
 # context_management edits that only drop content from what is billed (older tool results,
 # older thinking). Any other edit (compact_*: a summarizing call billed as its own
 # iteration) is refused naming it.
@@ -38,11 +51,13 @@ _FIELDS: dict[str, Field] = {
     "system": Field(C, "Counted as input."),
     "tools": Field(
         C,
-        "Custom tools counted as input, with Anthropic's tool-use system prompt. Server "
-        "tools (web search, web fetch, code execution, tool search, MCP toolsets, ...) are "
-        "billed per use, which no route prices yet, and Anthropic-defined client tools "
-        "(bash, text editor, computer, memory) add a system prompt of their own: a 400 "
-        "naming the tool.",
+        "Custom tools counted as input, with Anthropic's tool-use system prompt. Web search "
+        "and web fetch are priced per use from the route's price table, held for max_uses "
+        "uses (the route's server_tool_max_uses sent when unset) and the input their results "
+        "add, charged per use reported; a 400 naming the tool on a route without the price "
+        "or not served by Anthropic. Other server tools (code execution, tool search, MCP "
+        "toolsets, ...) and Anthropic-defined client tools (bash, text editor, computer, "
+        "memory), which add a system prompt of their own: a 400 naming the tool.",
     ),
     "tool_choice": Field(C, "Counted: it changes the tool-use system prompt."),
     "stop_sequences": Field(P, "Only ends the reply sooner."),

@@ -39,14 +39,15 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from hardcap_core.chat import ANTHROPIC_MESSAGES, ChatRequest
+from hardcap_core.chat import ANTHROPIC_MESSAGES, ChatRequest, ServerTool
 from hardcap_core.errors import InvalidRequest
 from hardcap_core.wire import json_body
-from hardcap_core.wire.anthropic_count import anthropic_extra_tokens
+from hardcap_core.wire.anthropic_count import TOOL_SYSTEM_PROMPT_TOKENS, anthropic_extra_tokens
 from hardcap_core.wire.anthropic_fields import (
     COUNT_FIELDS,
     LOWERING_EDITS,
     MESSAGES_FIELDS,
+    PRICED_SERVER_TOOLS,
     SERVER_TOOLS,
 )
 from hardcap_core.wire.openai_input import input_tokens
@@ -91,12 +92,13 @@ def parse_messages_request(raw: bytes, *, counting: bool = False) -> ChatRequest
     if body.get("stop_sequences") is not None:
         out["stop"] = _strings(body["stop_sequences"], "stop_sequences")
     tools = body.get("tools")
+    server: tuple[ServerTool, ...] = ()
     if tools is not None:
-        tools = _tools(tools)
+        tools, server = _tools(tools)
     if tools:  # OpenAI refuses an empty array
         out["tools"] = tools
     if body.get("tool_choice") is not None:
-        out.update(_tool_choice(body["tool_choice"], bool(tools)))
+        out.update(_tool_choice(body["tool_choice"], bool(tools or server)))
     if body.get("thinking") is not None:
         out["thinking"] = _thinking(body["thinking"], max_tokens)
     user = _metadata(body.get("metadata"))
@@ -114,10 +116,24 @@ def parse_messages_request(raw: bytes, *, counting: bool = False) -> ChatRequest
         include_usage=bool(stream),
         max_tokens=max_tokens,
         max_tokens_field="max_tokens",
-        input_tokens=input_tokens(out) + anthropic_extra_tokens(out),
+        input_tokens=input_tokens(out) + anthropic_extra_tokens(out) + _server_tokens(body, out),
         dialect=DIALECT,
         native=body,
+        server_tools=server,
     )
+
+
+def _server_tokens(body: dict[str, Any], out: dict[str, Any]) -> int:
+    """The input the server tools' definitions are billed as: their JSON, and the tool-use
+    system prompt where no custom tool added it already (:func:`anthropic_extra_tokens`)."""
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return 0
+    defined = [t for t in tools if isinstance(t, dict) and t.get("type") not in ("custom", None)]
+    if not defined:
+        return 0
+    prompt = 0 if out.get("tools") else TOOL_SYSTEM_PROMPT_TOKENS
+    return input_tokens({"server_tools": defined}) + prompt
 
 
 def with_headers(chat: ChatRequest, headers: Mapping[str, str]) -> ChatRequest:
@@ -266,17 +282,25 @@ def _cache_control(mark: Any, where: str) -> None:
         raise InvalidRequest(f"'{where}.ttl' must be 5m or 1h.", param=f"{where}.ttl")
 
 
-def _tools(value: Any) -> list[dict[str, Any]]:
+def _tools(value: Any) -> tuple[list[dict[str, Any]], tuple[ServerTool, ...]]:
+    """The custom tools as chat functions, and the server tools a route may price per use
+    (:data:`PRICED_SERVER_TOOLS`; whether this route does is the money owner's to say). Any
+    other tool the provider runs or prompts for is a 400 naming it."""
     if not isinstance(value, list):
         raise InvalidRequest("'tools' must be an array.", param="tools")
     out = []
+    server: list[ServerTool] = []
     for i, item in enumerate(value):
         where = f"tools[{i}]"
         tool = _object(item, where)
         kind = tool.get("type", "custom")
         if kind not in ("custom", None):
-            server = isinstance(kind, str) and kind.startswith(SERVER_TOOLS)
-            what = "is billed per use" if server else "is not a tool this gateway can count"
+            priced = next((p for p in PRICED_SERVER_TOOLS if str(kind).startswith(p + "_")), None)
+            if isinstance(kind, str) and priced is not None:
+                server.append(_server_tool(tool, priced, kind, where, i))
+                continue
+            billed = isinstance(kind, str) and kind.startswith(SERVER_TOOLS)
+            what = "is billed per use" if billed else "is not a tool this gateway can count"
             raise InvalidRequest(
                 f"'{where}.type': the tool {kind!r} {what}, which no route here prices; "
                 "define the tool yourself.",
@@ -294,7 +318,19 @@ def _tools(value: Any) -> list[dict[str, Any]]:
             if name not in ("type", "name", "description", "input_schema"):
                 entry[name] = field  # cache_control, and anything else, counted as sent
         out.append(entry)
-    return out
+    return out, tuple(server)
+
+
+def _server_tool(tool: dict[str, Any], kind: str, type_: str, where: str, i: int) -> ServerTool:
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest(f"'{where}.name' must be a non-empty string.", param=f"{where}.name")
+    uses = tool.get("max_uses")
+    if uses is not None:
+        uses = _int(uses, f"{where}.max_uses", least=1)
+    if kind == "web_fetch" and tool.get("max_content_tokens") is not None:
+        _int(tool["max_content_tokens"], f"{where}.max_content_tokens", least=1)
+    return ServerTool(kind, type_, where, i, uses)
 
 
 def _tool_choice(value: Any, has_tools: bool) -> dict[str, Any]:
@@ -397,7 +433,14 @@ def _system_turn(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
             )
         tool = _object(block.get("tool"), f"{at}.tool")
         if tool.get("type") == "tool_definition":
-            _tools([_object(tool.get("definition"), f"{at}.tool.definition")])
+            where = f"{at}.tool.definition"
+            _, server = _tools([_object(tool.get("definition"), where)])
+            if server:  # its uses would not be held: the hold is sized from `tools`
+                raise InvalidRequest(
+                    f"'{where}.type': the server tool {server[0].type!r} is billed per use; "
+                    "declare it in 'tools', where its uses are held, not mid-conversation.",
+                    param=f"{where}.type",
+                )
         elif tool.get("type") != "tool_reference":
             raise InvalidRequest(
                 f"'{at}.tool.type' {tool.get('type')!r}: only tools of this request can be "

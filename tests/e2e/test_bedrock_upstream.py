@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -271,3 +272,38 @@ def test_throttled_bedrock_falls_back_to_the_next_route(
         assert served["completed"] == 1
         assert done.usage is not None and done.usage.completion_tokens == 7
         assert ledger(base)[("tenant", "total_tokens")]["used"] == served["total_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("tools", "betas", "param"),
+    [
+        ([{"type": "web_search_20250305", "name": "web_search"}], [], "tools[0].type"),
+        ([], ["context-management-2025-06-27"], "anthropic-beta"),
+    ],
+)
+def test_what_bedrock_does_not_run_is_refused_naming_it_and_costs_nothing(
+    fake: Mock, mock: Mock, flushed: LocalValkey, tools: list[Any], betas: list[str], param: str
+) -> None:
+    """An Anthropic-format request on a Bedrock route: a server tool, or a beta Bedrock does
+    not take, is a 400 naming it (sent without it, the request would not do what it asks),
+    and nothing is billed; a beta Bedrock takes, with one that only names the client, runs."""
+    data = config(fake, mock, flushed)
+    data["routes"][-3]["price"] = {**PRICE, "web_search_per_1000": 10.0}  # priced, still refused
+    with (
+        gateway_thread(data) as base,
+        anthropic.Anthropic(
+            base_url=base.removesuffix("/v1"), api_key=KEYS["alpha"], max_retries=0
+        ) as client,
+    ):
+        ask: dict[str, Any] = {
+            "model": "claude", "max_tokens": 50, "metadata": {"user_id": "alpha"},
+            "messages": [{"role": "user", "content": "hi [mock:tokens=4]"}],
+        }  # fmt: skip
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            client.beta.messages.create(**ask, tools=tools, betas=betas)
+        assert param in caught.value.message
+        used = ledger(base)[("tenant", "total_tokens")]
+        assert used["used"] == used["reserved"] == 0
+        fine = ["claude-code-20250219", "interleaved-thinking-2025-05-14"]
+        message = client.beta.messages.create(**ask, betas=fine)
+        assert message.usage.output_tokens == 4

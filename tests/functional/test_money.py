@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from starlette.requests import Request
 
 from hardcap_core.budgets import Dimension
-from hardcap_core.chat import OPENAI_CHAT, ChatRequest
+from hardcap_core.chat import OPENAI_CHAT, ChatRequest, ServerTool
 from hardcap_core.config import Policy, parse_config
 from hardcap_core.events import Usage
 from hardcap_core.gateway import quote as quote_module
@@ -33,9 +33,12 @@ from hardcap_core.gateway.money import (
     Ended,
     Hold,
     HoldPolicy,
+    ToolHold,
+    ToolUses,
     Truncate,
     output_cap,
     policy_for,
+    tool_hold,
 )
 from hardcap_core.gateway.pipeline import Gateway
 from hardcap_core.gateway.unseen import SEEN, Unseen
@@ -54,10 +57,19 @@ ROUTES = [(p, u) for p in POLICIES for u in UNSEEN]
 
 def _config() -> Any:
     data = config_data("http://127.0.0.1:9", "redis://127.0.0.1:9")
-    price = {"input_per_million": 1.0, "output_per_million": 4.0}
+    # On an Anthropic upstream, with web search priced: a request may carry the tool.
+    data["upstreams"].append(
+        {
+            "name": "claude",
+            "kind": "anthropic",
+            "base_url": "http://127.0.0.1:9/v1",
+            "timeout_seconds": 5,
+        }
+    )
+    price = {"input_per_million": 1.0, "output_per_million": 4.0, "web_search_per_1000": 10.0}
     fixed = {"kind": "fixed", "fixed_tokens": 300}
     data["routes"] = [
-        dict(name=f"{policy}-{unseen}", upstream="mock", model="mock-small", price=price,
+        dict(name=f"{policy}-{unseen}", upstream="claude", model="mock-small", price=price,
              policy=policy, unseen_output=unseen, estimator=fixed, max_output_tokens=4096,
              min_output_reservation=24)
         for policy, unseen in ROUTES
@@ -101,10 +113,17 @@ def requests(draw: st.DrawFn) -> ChatRequest:
         body["thinking"] = {"type": thinking}
     if draw(st.booleans()):
         body["reasoning_effort"] = draw(st.sampled_from(["none", "low", "high"]))
+    server: tuple[ServerTool, ...] = ()
+    native = None
+    if draw(st.booleans()):  # a web search, bounded by the request or by the route
+        uses = draw(st.none() | st.integers(1, 20))
+        server = (ServerTool("web_search", "web_search_20250305", "tools[0]", 0, uses),)
+        native = {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}
     return ChatRequest(
         body=body, model=body["model"], stream=draw(st.booleans()), include_usage=True,
         max_tokens=draw(st.none() | st.integers(1, 4096)), max_tokens_field="max_tokens",
-        input_tokens=draw(st.integers(1, 20_000)), dialect=OPENAI_CHAT,
+        input_tokens=draw(st.integers(1, 20_000)), dialect=OPENAI_CHAT, native=native,
+        server_tools=server,
     )  # fmt: skip
 
 
@@ -132,8 +151,9 @@ async def _both(chat: ChatRequest) -> tuple[Any, Any]:
     meta = ReservationMeta(route.name, route.model, PRINCIPAL.key_id, "r", PRINCIPAL.tenant_id)
     LEDGER.admits.clear()
     admission = await GATEWAY._admit(
-        PRINCIPAL, route, chat, output_cap(route, chat), meta, OpenAIChat(), 0.0, None, _request()
-    )
+        PRINCIPAL, route, chat, output_cap(route, chat), meta, OpenAIChat(), 0.0, None,
+        _request(), tool_hold(CONFIG, route, chat),
+    )  # fmt: skip
     return asked[-1], (LEDGER.admits[-1], admission)
 
 
@@ -146,9 +166,19 @@ def test_the_quote_asks_the_admit_what_admission_asks(chat: ChatRequest) -> None
         admit["input_tokens"], admit["output_estimate"], admit["min_output"])  # fmt: skip
     assert (ask.input_nusd, ask.output_nusd) == (held.input_nusd, held.output_nusd)
     assert ask.headroom == admit["headroom"]
-    assert admission.meter.unseen == policy_for(CONFIG.routes[chat.model].policy).hold(
-        CONFIG.routes[chat.model], chat, output_cap(CONFIG.routes[chat.model], chat), 300
-    ).unseen
+    # The server tools' uses are held on the input, at their price, in both.
+    route = CONFIG.routes[chat.model]
+    tools = tool_hold(CONFIG, route, chat)
+    uses = sum(t.uses for t in tools.tools)
+    assert uses == (chat.server_tools[0].max_uses or 5 if chat.server_tools else 0)
+    assert held.input_nusd * admit["input_tokens"] >= 1_000 * admit["input_tokens"] + tools.nusd
+    assert admit["input_tokens"] >= tools.input_tokens + 1
+    assert (
+        admission.meter.unseen
+        == policy_for(CONFIG.routes[chat.model].policy)
+        .hold(CONFIG.routes[chat.model], chat, output_cap(CONFIG.routes[chat.model], chat), 300)
+        .unseen
+    )
 
 
 # -- every policy's charge --------------------------------------------------------------------
@@ -217,6 +247,42 @@ def test_every_policy_charges_at_least_the_bill_and_at_most_the_hold(
     if policy.holds and ended.final is None:
         assert charge.output <= max(ended.reserved, ended.received)  # past it: the overshoot
     assert charge.estimated == (outcome.cut and ended.final is None)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    case=endings(),
+    held=st.integers(1, 20),
+    reported=st.none() | st.integers(0, 40),
+    outcome=st.sampled_from(list(Outcome)),
+)
+def test_server_tool_uses_are_charged_as_reported_never_past_the_uses_held(
+    case: tuple[HoldPolicy, Outcome, Ended, int, Usage | None],
+    held: int,
+    reported: int | None,
+    outcome: Outcome,
+) -> None:
+    """A web search held for ``held`` uses at $0.01: the final report's count is charged, no
+    more than was held (a provider that reports more is charged the bound); without a final
+    report, or one that gives no count, every use held; nothing where nothing was billed."""
+    policy, _, ended, _, report = case
+    search = ServerTool("web_search", "web_search_20250305", "tools[0]", 0, held)
+    tools = ToolHold((ToolUses(search, held, 10_000_000),), held * 100, 100)
+    final = ended.final
+    if final is not None and reported is not None:
+        final = dataclasses.replace(final, tool_uses=(("web_search", reported),))
+    ended = dataclasses.replace(ended, final=final, tools=tools)
+    charge = policy.charge(outcome, report, ended)
+    if outcome.billed_nothing:
+        assert charge.fees == 0
+    elif final is not None and reported is not None:
+        assert charge.fees == min(reported, held) * 10_000_000
+    else:
+        assert charge.fees == held * 10_000_000
+    if not outcome.billed_nothing and final is None:
+        assert charge.input >= ended.input_estimate  # the results' input, as held
+    assert charge.fees <= tools.nusd
+    assert charge.cost(FREE) == charge.fees
 
 
 def test_a_new_policy_is_one_class() -> None:

@@ -212,7 +212,10 @@ def test_search_results_documents_and_images_keep_their_marks_and_count() -> Non
             {"context_management": {"edits": [{"type": "compact_20260112"}]}},
             "context_management.edits[0].type",
         ),
-        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
+        (
+            {"tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 0}]},
+            "tools[0].max_uses",
+        ),
         ({"tools": [{"type": "code_execution_20250825", "name": "x"}]}, "tools[0].type"),
     ],
 )
@@ -230,15 +233,21 @@ def test_a_tool_added_mid_conversation_is_checked_as_tools_are() -> None:
 
     chat = parse(added({"type": "tool_reference", "name": "Bash"}))
     assert chat.input_tokens > parse(CLAUDE_CODE).input_tokens
-    server = {"type": "tool_definition", "definition": {"type": "web_search_20250305"}}
-    assert refused(added(server)).param == "tools[0].type"
+    definition = {"type": "web_search_20250305", "name": "web_search"}
+    server = {"type": "tool_definition", "definition": definition}
+    assert refused(added(server)).param == "messages[1].content[1].tool.definition.type"
     mcp = {"type": "mcp_toolset_reference", "mcp_server_name": "x"}
     assert refused(added(mcp)).param == "messages[1].content[1].tool.type"
 
 
 def test_a_server_tool_is_named_in_its_refusal() -> None:
-    error = refused({**CLAUDE_CODE, "tools": [{"type": "web_fetch_20250910", "name": "f"}]})
-    assert "'web_fetch_20250910' is billed per use" in error.message
+    error = refused({**CLAUDE_CODE, "tools": [{"type": "code_execution_20250825", "name": "c"}]})
+    assert "'code_execution_20250825' is billed per use" in error.message
+    # Web search and web fetch are the route's to price (money.tool_hold): parsed and kept.
+    chat = parse({**CLAUDE_CODE, "tools": [{"type": "web_fetch_20250910", "name": "f"}]})
+    assert [(t.kind, t.where, t.max_uses) for t in chat.server_tools] == [
+        ("web_fetch", "tools[0]", None)
+    ]
 
 
 def test_the_plain_values_of_priced_fields_pass() -> None:
