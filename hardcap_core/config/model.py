@@ -80,6 +80,7 @@ class Route:
     queue_wait_seconds: float | None = None  # None: the gateway's
     unseen_output: UnseenOutput = "none"  # what it bills unseen (gateway/unseen.py)
     max_pdf_pages: int | None = None  # PDF pages a request may carry; None: the gateway's cap
+    store_responses: bool = True  # whether its Responses are kept (gateway/stored.py)
     # How its input is counted (hardcap_core/tokenize/): o200k_base, cl100k_base, anthropic or
     # bound; whether that count replaces the bound on every request ("always") or only where
     # the bound does not fit ("when_needed"); anthropic: ask its count_tokens endpoint.

@@ -86,7 +86,7 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
             Policy(r.policy), prices,
             r.max_output_tokens, r.min_output_reservation, tuple(r.fallbacks),
             r.queue_wait_seconds, unseen_output=r.unseen(upstreams[r.upstream].kind),
-            max_pdf_pages=r.max_pdf_pages,
+            max_pdf_pages=r.max_pdf_pages, store_responses=r.store_responses,
             tokenizer=r.counted_by(), exact_count=r.exact_count, count_api=r.count_api,
             shared=_route_shared(r, upstreams[r.upstream]),
         )  # fmt: skip
