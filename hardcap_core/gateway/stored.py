@@ -133,6 +133,11 @@ class Stored:
             raise MethodNotAllowed(
                 f"{method} is not allowed on {request.url.path}; use {', '.join(allowed)}."
             )
+        if request.query_params.get("stream", "false").lower() != "false":
+            raise InvalidRequest(
+                "'stream': a stored response is returned whole here, not replayed as events.",
+                param="stream",
+            )
         owner = owner_of(caller)
         found = await self._find(owner, response_id)
         if verb is None and method == "DELETE":

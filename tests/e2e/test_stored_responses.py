@@ -18,6 +18,7 @@ import redis
 
 from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.valkey import LocalValkey
+from tests.e2e.test_responses_endpoint import KEY_ENV, claude
 from tests.e2e.test_user_budgets import issuer, token, users_config
 from tests.jwks_server import JwksServer
 from tests.stack import KEYS, Mock, config_data, gateway_thread
@@ -161,6 +162,35 @@ def test_a_function_call_and_its_output_continue_the_response(
         assert second.usage.input_tokens == billed(mock, tag)["prompt_tokens"]
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "streamed"])
+def test_an_anthropic_routes_signed_thinking_is_kept_for_the_next_turn(
+    mock: Mock, flushed: LocalValkey, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """Served by translation to Anthropic: the kept reasoning item holds the signed thinking
+    Anthropic wants back ahead of the tool call's result, so the next turn by id is served."""
+    monkeypatch.setenv(KEY_ENV, "sk-ant-mock")
+    ask = "Weather in Paris? [mock:tool_use=1] [mock:thinking=6] [mock:tokens=8]"
+    fields: Any = {"model": "claude", "tools": WEATHER, "reasoning": {"effort": "low"},
+                   "max_output_tokens": 3000, "user": "alpha"}  # fmt: skip
+    with claude(mock, flushed) as base:
+        c = client(base)
+        if stream:
+            with c.responses.stream(input=ask, **fields) as s:
+                first = s.get_final_response()
+        else:
+            first = c.responses.create(input=ask, **fields)
+        assert first.output[0].type == "reasoning" and first.output[0].encrypted_content
+        call = next(item for item in first.output if item.type == "function_call")
+        result = [{"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"}]
+        again = c.responses.create(input=result, previous_response_id=first.id, **fields)
+        assert again.status == "completed" and again.output
+        # What the second turn sent again holds the signed thinking as the first served it.
+        sent = c.responses.input_items.list(again.id, order="asc").data
+        kept: Any = next(item for item in sent if item.type == "reasoning")
+        assert kept.encrypted_content == first.output[0].encrypted_content
+        assert ledger(base)["used"] == mock.truth("alpha")["total_tokens"]
+
+
 def test_another_tenant_cannot_read_delete_list_cancel_or_continue_it(
     mock: Mock, flushed: LocalValkey
 ) -> None:
@@ -251,6 +281,9 @@ def test_input_items_are_listed_as_the_api_pages_them(mock: Mock, flushed: Local
         with pytest.raises(openai.BadRequestError) as bad:
             c.get(f"/responses/{made.id}/input_items?limit=0", cast_to=httpx.Response)
         assert bad.value.param == "limit"
+        with pytest.raises(openai.BadRequestError) as replay:
+            c.get(f"/responses/{made.id}?stream=true", cast_to=httpx.Response)
+        assert replay.value.param == "stream"
 
 
 def test_store_false_and_a_route_that_keeps_nothing(mock: Mock, flushed: LocalValkey) -> None:
