@@ -35,6 +35,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hardcap_core import env
+from hardcap_core.chat import ChatRequest
 from hardcap_core.config import Config, Principal, load_config
 from hardcap_core.errors import (
     ConfigError,
@@ -300,8 +301,13 @@ def create_app(
         from hardcap_core.gateway.quote import quote as quote_request  # on the first quote
 
         # OpenAI's own path takes a chat-completions body or a Responses one.
-        parse = parse_openai_body if wire is OPENAI else wire.parse
-        body = await quote_request(gw, await gw.read_body(request), who, parse)
+        parse: Callable[[bytes], ChatRequest] = parse_openai_body if wire is OPENAI else wire.parse
+        raw = await gw.read_body(request)
+        if wire is OPENAI and gw.stored.continues(raw):
+            # A Responses body continuing a stored response: quoted with its conversation.
+            continued = await gw.stored.parse(raw, who)
+            parse = lambda _: continued  # noqa: E731
+        body = await quote_request(gw, raw, who, parse)
         return JSONResponse(body, headers=await gw.headers_for(who, wire))
 
     async def open_lease(

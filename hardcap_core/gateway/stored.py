@@ -108,6 +108,19 @@ class Stored:
                 earlier = [] if route is None else await self._earlier(previous, route, caller)
         return parse_responses_request(raw, counting=counting, earlier=earlier)
 
+    def continues(self, raw: bytes) -> bool:
+        """Whether an OpenAI body (a quote's: chat or Responses) is a Responses one naming a
+        ``previous_response_id``."""
+        if PREVIOUS.encode() not in raw:
+            return False
+        body = json_body.loads(raw)
+        return (
+            isinstance(body, dict)
+            and "input" in body
+            and "messages" not in body
+            and body.get(PREVIOUS) is not None
+        )
+
     def keeping(self, chat: ChatRequest, route: Route, caller: Principal) -> ChatRequest:
         """``chat`` with what keeps its response, when it is a Responses request with
         ``store`` (true unless it says false) on a route that keeps them."""

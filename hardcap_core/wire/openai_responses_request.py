@@ -27,8 +27,8 @@ and ``parallel_tool_calls`` keep their names.
 
 ``previous_response_id``: the gateway's stored conversation (``earlier``: its input and output
 items, loaded by :mod:`hardcap_core.gateway.stored`) goes ahead of ``input``, and the whole is
-translated and counted as one input; a body naming one that was not loaded (the quote) is
-refused. :attr:`ResponsesRequest.items` are the input items a stored response keeps.
+translated and counted as one input; a body naming one that was not loaded is refused.
+:attr:`ResponsesRequest.items` are the input items a stored response keeps.
 
 Refused with a 400 naming the field: what the field table refuses, hosted tools (named),
 content the request does not carry itself (``file_id``, ``file_url``, ``item_reference``), and
@@ -154,8 +154,8 @@ def parse_responses_request(
     previous = given.get("previous_response_id")
     if previous is not None and earlier is None:
         raise InvalidRequest(
-            "'previous_response_id' is served by POST /v1/responses and its input_tokens only; "
-            "send the whole conversation in 'input' here.",
+            "'previous_response_id' is not served on this path; send the whole conversation in "
+            "'input' here.",
             param="previous_response_id",
         )
     items = _items(given.get("input"))

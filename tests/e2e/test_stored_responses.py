@@ -191,6 +191,31 @@ def test_an_anthropic_routes_signed_thinking_is_kept_for_the_next_turn(
         assert ledger(base)["used"] == mock.truth("alpha")["total_tokens"]
 
 
+def test_a_continued_turn_is_quoted_and_counted_with_its_conversation(
+    mock: Mock, flushed: LocalValkey
+) -> None:
+    with gateway(mock, flushed) as base:
+        c = client(base)
+        made = c.responses.create(model="small", input=HI, user="alpha")
+        ask = {"model": "small", "input": "More?", "user": "alpha"}
+        alone = c.post("/hardcap/quote", body=ask, cast_to=httpx.Response).json()
+        continued = c.post("/hardcap/quote", body={**ask, "previous_response_id": made.id},
+                           cast_to=httpx.Response).json()  # fmt: skip
+        assert continued["input_tokens"] > alone["input_tokens"]
+        counted = c.responses.input_tokens.count(
+            model="small", input="More?", previous_response_id=made.id
+        )
+        assert (
+            counted.input_tokens
+            > c.responses.input_tokens.count(model="small", input="More?").input_tokens
+        )
+        with pytest.raises(openai.NotFoundError):
+            c.post("/hardcap/quote", body={**ask, "previous_response_id": "resp_x"},
+                   cast_to=httpx.Response)  # fmt: skip
+        requests = mock.truth("alpha")["requests"]
+        assert requests == 1  # only the first turn went upstream
+
+
 def test_another_tenant_cannot_read_delete_list_cancel_or_continue_it(
     mock: Mock, flushed: LocalValkey
 ) -> None:
