@@ -85,6 +85,7 @@ class Route:
     # A server tool's uses when a request bounds none, and the input held per use (schema).
     server_tool_max_uses: int = DEFAULT_SERVER_TOOL_MAX_USES
     server_tool_input_tokens: int = DEFAULT_SERVER_TOOL_INPUT_TOKENS
+    store_responses: bool = True  # whether its Responses are kept (gateway/stored.py)
     # How its input is counted (hardcap_core/tokenize/): o200k_base, cl100k_base, anthropic or
     # bound; whether that count replaces the bound on every request ("always") or only where
     # the bound does not fit ("when_needed"); anthropic: ask its count_tokens endpoint.

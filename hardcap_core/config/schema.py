@@ -110,6 +110,8 @@ class GatewayConfig(_Model):
     extend_headroom_tokens: NonNegInt = _G.extend_headroom_tokens
     lease_max_depth: PosInt = _G.lease_max_depth
     lease_max_ttl_seconds: PosFloat = _G.lease_max_ttl_seconds
+    stored_response_ttl_seconds: PosFloat = _G.stored_response_ttl_seconds
+    stored_response_max_bytes: PosInt = _G.stored_response_max_bytes
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
 
     @field_validator("redis_url")
@@ -333,6 +335,9 @@ class RouteConfig(_Model):
     # The most PDF pages a request may carry, all documents together (default: no cap but the
     # gateway's own, hardcap_core/wire/pdf.py MAX_PAGES); more is a 400.
     max_pdf_pages: PosInt | None = None
+    # Whether the gateway keeps this route's Responses (``store``, previous_response_id, GET
+    # /v1/responses/{id}); false: none is kept, and previous_response_id is a 400.
+    store_responses: bool = True
     # Other routes tried in order when this one's upstream fails before any byte reached the
     # client (429, 5xx, timeout, connection error) or its breaker is open. Each is priced and
     # capped as itself; the reservation is made at the highest prices of the chain.

@@ -105,6 +105,12 @@ class GatewaySettings:
     # Leases (POST /v1/hardcap/leases): how deep sub-leases nest (1: none), the longest TTL.
     lease_max_depth: int = 4
     lease_max_ttl_seconds: float = 86_400.0
+    # Stored Responses (``store`` true, the API's default; ledger/stored_responses.py): how
+    # long one is kept (OpenAI keeps them 30 days), and the most bytes one record may take
+    # (its input items, the chain before it included, and its response): past that it is
+    # served but not stored, and its reply says ``store: false``.
+    stored_response_ttl_seconds: float = 2_592_000.0
+    stored_response_max_bytes: int = 1_048_576
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
 
 

@@ -35,6 +35,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hardcap_core import env
+from hardcap_core.chat import ChatRequest
 from hardcap_core.config import Config, Principal, load_config
 from hardcap_core.errors import (
     ConfigError,
@@ -65,7 +66,7 @@ from hardcap_core.wire.base import WireFormat
 from hardcap_core.wire.openai_chat import OpenAIChat
 from hardcap_core.wire.openai_embeddings import OpenAIEmbeddings
 from hardcap_core.wire.openai_responses import OpenAIResponses
-from hardcap_core.wire.openai_responses_request import parse_openai_body, parse_responses_request
+from hardcap_core.wire.openai_responses_request import parse_openai_body
 
 if TYPE_CHECKING:
     from hardcap_core.control.live import LiveConfig
@@ -272,7 +273,8 @@ def create_app(
         """The Responses API's input_tokens: the input admission would reserve for the body, by
         the route's tokenizer where it has one (else the bound). Held to the key's routes like
         a response; calls no upstream, charges nothing."""
-        counted = parse_responses_request(await gw.read_body(request), counting=True)
+        # A previous_response_id's stored conversation counted with it (the caller's own).
+        counted = await gw.stored.parse(await gw.read_body(request), who, counting=True)
         if not who.allows(counted.model):  # refused, unless this copy is stale (callers.py)
             who = await gw.callers.allowing(who, counted.model, request)
         route = gw.route_for(counted.model, who)
@@ -284,14 +286,11 @@ def create_app(
     async def stored_response(
         gw: Gateway, request: Request, who: Principal, wire: WireFormat
     ) -> Response:
-        """A stored response (get, delete, cancel, its input items): the gateway keeps none,
-        so every id is one it never served this tenant (404 in the API's shape)."""
-        rid = request.path_params["response_id"]
-        raise NotFound(
-            f"No response with id '{rid}': this gateway keeps no responses (they are served "
-            "with store: false); send the whole conversation in 'input'.",
-            code="not_found",
-        )
+        """A stored response (get, delete, cancel, its input items: gateway/stored.py), for
+        the tenant and user that made it only; no upstream call, no charge."""
+        response = await gw.stored.answer(request, who)
+        response.headers.update(await gw.headers_for(who, wire))
+        return response
 
     async def usage(gw: Gateway, request: Request, who: Principal, wire: WireFormat) -> Response:
         return await gw.usage(who, wire)
@@ -302,8 +301,13 @@ def create_app(
         from hardcap_core.gateway.quote import quote as quote_request  # on the first quote
 
         # OpenAI's own path takes a chat-completions body or a Responses one.
-        parse = parse_openai_body if wire is OPENAI else wire.parse
-        body = await quote_request(gw, await gw.read_body(request), who, parse)
+        parse: Callable[[bytes], ChatRequest] = parse_openai_body if wire is OPENAI else wire.parse
+        raw = await gw.read_body(request)
+        if wire is OPENAI and gw.stored.continues(raw):
+            # A Responses body continuing a stored response: quoted with its conversation.
+            continued = await gw.stored.parse(raw, who)
+            parse = lambda _: continued  # noqa: E731
+        body = await quote_request(gw, raw, who, parse)
         return JSONResponse(body, headers=await gw.headers_for(who, wire))
 
     async def open_lease(
@@ -371,7 +375,7 @@ def create_app(
             Route(
                 "/v1/responses/{response_id}/{verb:str}",
                 endpoint(stored_response, RESPONSES),
-                methods=["GET", "POST"],
+                methods=["GET", "POST", "DELETE"],
             ),
             Route("/v1/messages/count_tokens", endpoint(count_tokens, ANTHROPIC), methods=["POST"]),
             Route("/v1/embeddings", endpoint(chat, EMBEDDINGS), methods=["POST"]),

@@ -20,7 +20,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from hardcap_core import json_codec
-from hardcap_core.chat import ANTHROPIC_MESSAGES, ChatRequest
+from hardcap_core.chat import ANTHROPIC_MESSAGES, OPENAI_RESPONSES, ChatRequest
 from hardcap_core.config import Config, Principal, Route
 from hardcap_core.errors import (
     ConfigStale,
@@ -42,6 +42,7 @@ from hardcap_core.gateway.pace import Listened, RouteRate
 from hardcap_core.gateway.queue import Wakeups, admit_in_turn
 from hardcap_core.gateway.relay import Relay
 from hardcap_core.gateway.response import RelayResponse
+from hardcap_core.gateway.stored import Stored
 from hardcap_core.ledger import (
     Admitted,
     BudgetState,
@@ -65,6 +66,7 @@ from hardcap_core.tokenize.routes import InputCounts
 from hardcap_core.wire.anthropic_request import with_headers
 from hardcap_core.wire.base import Charged, WireFormat
 from hardcap_core.wire.openai_input import check_pdf_pages
+from hardcap_core.wire.openai_responses_request import keeper_of
 
 if TYPE_CHECKING:  # the live config is imported only where a config table is named (app.py)
     from hardcap_core.control.live import LiveConfig
@@ -124,6 +126,8 @@ class Gateway:
         self.rates = {name: RouteRate() for name in config.routes}
         g = config.gateway
         self.meter_settings = MeterSettings.of(g)
+        # The Responses each tenant had kept (store), on the same cache.
+        self.stored = Stored(config, ledger)
 
     def _estimator(self, route: Route) -> Estimator:
         kind = route.estimator.kind
@@ -145,12 +149,18 @@ class Gateway:
     ) -> Response:
         """A chat completion in ``wire``'s format, streamed or not."""
         arrived = time.perf_counter()
-        chat = with_headers(wire.parse(await self.read_body(request)), request.headers)
+        raw = await self.read_body(request)
+        if wire.dialect == OPENAI_RESPONSES:  # its previous_response_id loaded, the caller's own
+            parsed: ChatRequest = await self.stored.parse(raw, principal)
+        else:
+            parsed = wire.parse(raw)
+        chat = with_headers(parsed, request.headers)
         deadline = _deadline(request)  # read once: the queue and the stream stop before it
         wait_until = None if deadline is None else deadline - QUEUE_MARGIN_S
         for attempt in range(STALE_RETRIES + 1):
             if not principal.allows(chat.model):  # refused, unless this copy is stale
                 principal = await self.callers.allowing(principal, chat.model, request)
+            caller = principal  # who owns what it stores (not the end user a body names)
             principal = self.callers.for_request(principal, chat)
             route = self.route_for(chat.model, principal)
             check_pdf_pages(chat.body, route.max_pdf_pages)  # a 400 past the route's cap
@@ -176,6 +186,7 @@ class Gateway:
                     raise ServiceUnavailable("The configuration is changing; retry.") from stale
                 await self.live.reload(stale.version)
                 principal = await self.authenticate(request)
+        chat = self.stored.keeping(chat, route, caller)  # a Responses reply with store kept
         # A stream of Anthropic's format not from Anthropic starts with its input (message_start).
         up_front = chat.stream and wire.dialect == ANTHROPIC_MESSAGES
         up_front = up_front and not self._same_dialect(route, wire)
@@ -188,12 +199,14 @@ class Gateway:
         same = self._same_dialect(route, wire)
         upstream_cap = admission.meter.policy.stream_cap(max_tokens, admission.output_room)
         admission.meter.asked_for(upstream_cap)
+        keeper = keeper_of(chat)
         relay = Relay(
             Listened(targets.stream(chat, upstream_cap), admission.meter.pace),
             admission.meter,
             wire.encoder(chat, model=route.name, same_dialect=same),
             deadline=None if deadline is None else deadline - DEADLINE_MARGIN_S,
             log_completion=self.config.gateway.log_prompts,
+            keep=None if keeper is None else keeper.write,
         )
         await relay.open()
         return RelayResponse(relay, admission.headers)
@@ -415,6 +428,9 @@ class Gateway:
         same = self._same_dialect(route, wire)
         charged = Charged(meter.charged_input, meter.charged_output, usage, meter.charged_cost)
         body = wire.reply(completion, model=route.name, same_dialect=same, charged=charged)
+        keeper = keeper_of(chat)
+        if keeper is not None and keeper.keep(body):
+            await keeper.write()  # before the reply: the client's next turn may name it
         if self.config.gateway.log_prompts:
             logger.info("completion", extra={"route": route.name, "reply": body})
         headers = {**admission.headers, **charged.headers()}

@@ -10,7 +10,7 @@ settles BEFORE the last bytes go out: once a Lambda response ends, the environme
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 
 import anyio
@@ -39,6 +39,7 @@ class Relay:
         *,
         deadline: float | None = None,
         log_completion: bool = False,
+        keep: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._opened = opened
         self.meter = meter
@@ -54,6 +55,9 @@ class Relay:
         self._timed_out = False  # the deadline came while waiting for the provider
         self._finished = False  # the provider gave a finish reason
         self._keep_alive: asyncio.Task[None] | None = None
+        # What keeps the reply once its closing events are made (a stored Response): before
+        # they go out, so the client's next turn finds it.
+        self._keep = keep
 
     async def open(self) -> None:
         """Connect to the provider and read up to the first bytes for the client.
@@ -123,7 +127,11 @@ class Relay:
             meter.charged_input, meter.charged_output, usage, meter.charged_cost,
             estimate=meter.estimated,  # as the usage record's `est`
         )  # fmt: skip
-        return self.encoder.close(for_length=outcome.cut, charged=charged)
+        closing = self.encoder.close(for_length=outcome.cut, charged=charged)
+        if self._keep is not None:
+            with anyio.CancelScope(shield=True):
+                await self._keep()
+        return closing
 
     async def _stop_keep_alive(self) -> None:
         task, self._keep_alive = self._keep_alive, None

@@ -60,6 +60,11 @@ class Keyspace:
         ``root_tag`` (``o:acme``, ``t:beta``): lua/config_version.lua, read by admit."""
         return f"{self.prefix}:{{{root_tag}}}:cfgv"
 
+    def stored_response(self, scope: Scope, tenant: str, response_id: str) -> str:
+        """A stored Response of ``tenant`` (ledger/stored_responses.py), in its hierarchy's slot:
+        the tenant is in the name, so another tenant's request cannot even name it."""
+        return f"{self._base(scope)}:resp:{tenant}:{response_id}"
+
     def settled(self, scope: Scope, rid: str) -> str:
         return f"{self._base(scope)}:s:{rid}"
 

@@ -38,7 +38,9 @@ from hardcap_core.wire.openai_chat import error_body
 from hardcap_core.wire.openai_responses_request import (
     CAP_FIELD,
     DIALECT,
+    Keeper,
     ResponsesRequest,
+    keeper_of,
     parse_responses_request,
     sealed_thinking,
 )
@@ -58,7 +60,7 @@ class OpenAIResponses:
         return parse_responses_request(raw)
 
     def encoder(self, request: ChatRequest, *, model: str, same_dialect: bool) -> ResponseEncoder:
-        return ResponseEncoder(model, _echo(request))
+        return ResponseEncoder(model, _echo(request), keeper=keeper_of(request))
 
     def reply(
         self, completion: Completion, *, model: str, same_dialect: bool, charged: Charged
@@ -115,9 +117,17 @@ class _Item:
 class ResponseEncoder:
     """The Responses stream events of one response (see the module docstring)."""
 
-    def __init__(self, model: str, echo: Mapping[str, Any], *, events: bool = True) -> None:
+    def __init__(
+        self,
+        model: str,
+        echo: Mapping[str, Any],
+        *,
+        events: bool = True,
+        keeper: Keeper | None = None,
+    ) -> None:
         self.model = model
         self.echo = echo
+        self.keeper = keeper  # keeps the final response (store), if it is kept
         self.events = events  # False: a whole reply, which builds the items without events
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created_at = int(time.time())
@@ -178,6 +188,8 @@ class ResponseEncoder:
             response["incomplete_details"] = {"reason": reason}
         else:
             response["completed_at"] = int(time.time())
+        if self.keeper is not None:
+            self.keeper.keep(response)  # sets `store`: false if it is too large to keep
         return out, response
 
     # -- output items ---------------------------------------------------------------------------
@@ -406,10 +418,12 @@ class ResponseEncoder:
             "model": self.model,
             "output": [dict(item) for item in self._output],
             "parallel_tool_calls": echo.get("parallel_tool_calls", True),
-            "previous_response_id": None,
+            "previous_response_id": echo.get("previous_response_id"),
             "reasoning": echo.get("reasoning") or {"effort": None, "summary": None},
             "service_tier": echo.get("service_tier"),
-            "store": False,  # nothing is kept: a later previous_response_id is refused
+            # Kept by the gateway (gateway/stored.py) when it has a keeper; the final response
+            # says false if it was too large to keep.
+            "store": self.keeper is not None,
             "temperature": echo.get("temperature"),
             "text": echo.get("text") or {"format": {"type": "text"}},
             "tool_choice": echo.get("tool_choice", "auto"),

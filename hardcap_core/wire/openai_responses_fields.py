@@ -21,9 +21,12 @@ from hardcap_core.wire.field_policy import Effect, Field, FieldPolicy
 PASS, COUNTED, PRICED = Effect.PASS, Effect.COUNTED, Effect.PRICED
 BOUNDED, REFUSED = Effect.BOUNDED, Effect.REFUSED
 
-STORED = (
-    "the provider would bill a stored conversation this request does not carry, which the "
-    "gateway cannot bound; send the whole conversation in 'input' instead."
+# `conversation` names a Conversations API object, which this gateway does not keep: the
+# provider would bill what it holds, which the gateway never saw.
+CONVERSATION = (
+    "a conversation object is kept by the provider, which would bill what it holds without "
+    "this request carrying it, and this gateway keeps none of its own; continue with "
+    "'previous_response_id' (kept by the gateway) or send the whole conversation in 'input'."
 )
 
 RESPONSES_FIELDS = FieldPolicy(
@@ -62,7 +65,10 @@ RESPONSES_FIELDS = FieldPolicy(
         ),
         "service_tier": Field(PRICED, "the tier's price from the route's price table, or 400"),
         "include": Field(PASS, "extra output data the provider returns; not billed"),
-        "store": Field(PASS, "whether the provider keeps the response; not billed"),
+        "store": Field(
+            PASS,
+            "whether the gateway keeps the response (the provider is never asked to); not billed",
+        ),
         "stream": Field(PASS, "streamed or not, the same tokens"),
         "stream_options": Field(PASS, "obfuscation padding of stream events; not billed"),
         "temperature": Field(PASS, "a sampling knob"),
@@ -72,8 +78,12 @@ RESPONSES_FIELDS = FieldPolicy(
         "image": Field(
             PASS, "how the provider compresses images; the estimate counts each at full size"
         ),
-        "previous_response_id": Field(REFUSED, STORED),
-        "conversation": Field(REFUSED, STORED),
+        "previous_response_id": Field(
+            COUNTED,
+            "the gateway loads the conversation it kept for this tenant (and user) and sends it "
+            "in 'input', counted like the rest; no provider-side state is used",
+        ),
+        "conversation": Field(REFUSED, CONVERSATION),
         "prompt": Field(
             REFUSED,
             "a stored prompt template is billed as input this request does not carry, which "

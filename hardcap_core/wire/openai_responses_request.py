@@ -25,6 +25,11 @@ is asked for that thinking, and the hold reserves for it as for a Messages clien
 ``prompt_cache_key``, ``prompt_cache_retention``, ``service_tier``, ``temperature``, ``top_p``
 and ``parallel_tool_calls`` keep their names.
 
+``previous_response_id``: the gateway's stored conversation (``earlier``: its input and output
+items, loaded by :mod:`hardcap_core.gateway.stored`) goes ahead of ``input``, and the whole is
+translated and counted as one input; a body naming one that was not loaded is refused.
+:attr:`ResponsesRequest.items` are the input items a stored response keeps.
+
 Refused with a 400 naming the field: what the field table refuses, hosted tools (named),
 content the request does not carry itself (``file_id``, ``file_url``, ``item_reference``), and
 items a chat upstream cannot take.
@@ -36,8 +41,8 @@ import base64
 import binascii
 import dataclasses
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from hardcap_core.chat import OPENAI_RESPONSES, ChatRequest
 from hardcap_core.errors import InvalidRequest
@@ -68,7 +73,21 @@ ECHOED = (
     "instructions", "max_output_tokens", "metadata", "parallel_tool_calls", "reasoning",
     "service_tier", "temperature", "text", "tool_choice", "tools", "top_p", "truncation",
     "user", "safety_identifier", "prompt_cache_key", "store", "top_logprobs",
+    "previous_response_id",
 )  # fmt: skip
+
+
+class Keeper(Protocol):
+    """Keeps a response served with ``store`` (:class:`hardcap_core.gateway.stored.Keeper`)."""
+
+    def keep(self, response: dict[str, Any]) -> bool:
+        """Take the final ``response`` (completed or incomplete) to store, setting its
+        ``store``; whether it will be stored (it may be too large)."""
+        ...
+
+    async def write(self) -> None:
+        """Store what :meth:`keep` took, before the reply's last bytes go out."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -76,6 +95,10 @@ class ResponsesRequest(ChatRequest):
     """A chat request that came in the Responses format, with what its reply repeats."""
 
     echo: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # Every input item, a previous response's included (what a stored response keeps), and
+    # what keeps this response (None: it is not stored).
+    items: tuple[dict[str, Any], ...] = ()
+    keeper: Keeper | None = None
 
     @property
     def thinking_budget(self) -> int | None:
@@ -90,9 +113,12 @@ class ResponsesRequest(ChatRequest):
         return self.thinking_budget is not None
 
 
-def parse_responses_request(raw: bytes, *, counting: bool = False) -> ResponsesRequest:
+def parse_responses_request(
+    raw: bytes, *, counting: bool = False, earlier: Sequence[dict[str, Any]] | None = None
+) -> ResponsesRequest:
     """Validate a Responses body (``counting``: a ``/v1/responses/input_tokens`` body, which has
-    no output fields) and translate it; raise :class:`InvalidRequest` naming the bad field."""
+    no output fields) and translate it; raise :class:`InvalidRequest` naming the bad field.
+    ``earlier``: the items of the stored conversation its ``previous_response_id`` names."""
     body = json_body.loads(raw)
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
@@ -125,7 +151,15 @@ def parse_responses_request(raw: bytes, *, counting: bool = False) -> ResponsesR
         if not isinstance(instructions, str):
             raise InvalidRequest("'instructions' must be a string.", param="instructions")
         messages.append({"role": "system", "content": instructions})
-    messages += _input(given.get("input"))
+    previous = given.get("previous_response_id")
+    if previous is not None and earlier is None:
+        raise InvalidRequest(
+            "'previous_response_id' is not served on this path; send the whole conversation in "
+            "'input' here.",
+            param="previous_response_id",
+        )
+    items = _items(given.get("input"))
+    messages += _input([*(earlier or ()), *items], len(earlier or ()))
     out: dict[str, Any] = {"model": model, "messages": messages}
     for name in SAME_NAMES:
         if name in given:
@@ -158,7 +192,13 @@ def parse_responses_request(raw: bytes, *, counting: bool = False) -> ResponsesR
         input_tokens=input_tokens(out),
         dialect=DIALECT,
         echo={name: given[name] for name in ECHOED if name in given},
+        items=(*(earlier or ()), *items),
     )
+
+
+def keeper_of(request: ChatRequest) -> Keeper | None:
+    """What keeps ``request``'s response, if it came in the Responses format with one."""
+    return request.keeper if isinstance(request, ResponsesRequest) else None
 
 
 def parse_openai_body(raw: bytes) -> ChatRequest:
@@ -173,19 +213,26 @@ def parse_openai_body(raw: bytes) -> ChatRequest:
 # -- input ----------------------------------------------------------------------------------------
 
 
-def _input(value: Any) -> list[dict[str, Any]]:
+def _items(value: Any) -> list[dict[str, Any]]:
+    """``input`` as items (a string is one user message, as the API lists it)."""
     if value is None:
         raise InvalidRequest("'input' is required.", param="input")
     if isinstance(value, str):
-        return [{"role": "user", "content": value}]
+        return [{"type": "message", "role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise InvalidRequest(
             "'input' must be a string or a non-empty array of items.", param="input"
         )
+    return value
+
+
+def _input(value: list[Any], stored: int = 0) -> list[dict[str, Any]]:
+    """The chat messages of the input items, the first ``stored`` of them a stored
+    conversation's (named by where they came from in errors)."""
     out: list[dict[str, Any]] = []
     thinking: list[dict[str, Any]] = []  # signed thinking for the next assistant turn
     for i, item in enumerate(value):
-        where = f"input[{i}]"
+        where = f"previous_response_id.input[{i}]" if i < stored else f"input[{i - stored}]"
         if not isinstance(item, dict):
             raise InvalidRequest(f"'{where}' must be an object.", param=where)
         kind = item.get("type", "message" if "role" in item else None)

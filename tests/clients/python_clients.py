@@ -43,6 +43,35 @@ def agents(mode: str, prompt: str) -> dict[str, Any]:
     return asyncio.run(streamed())
 
 
+def agents_chained(mode: str, prompt: str) -> dict[str, Any]:
+    """Two turns of the Agents SDK's default model, the second continuing the first by its
+    ``previous_response_id`` (sent only when asked: here, the first run's last response id)."""
+    from agents import Agent, Runner
+
+    agent = Agent(name="helper", instructions="Be brief.")
+    if mode == "generate":
+        first = Runner.run_sync(agent, prompt)
+        second = Runner.run_sync(
+            agent, "And once more. [mock:tokens=6]", previous_response_id=first.last_response_id
+        )
+        return {"text": str(second.final_output), "first": first.last_response_id,
+                "second": second.last_response_id}  # fmt: skip
+
+    async def streamed() -> dict[str, Any]:
+        first = Runner.run_streamed(agent, prompt)
+        async for _ in first.stream_events():
+            pass
+        second = Runner.run_streamed(
+            agent, "And once more. [mock:tokens=6]", previous_response_id=first.last_response_id
+        )
+        async for _ in second.stream_events():
+            pass
+        return {"text": str(second.final_output), "first": first.last_response_id,
+                "second": second.last_response_id}  # fmt: skip
+
+    return asyncio.run(streamed())
+
+
 def _langchain(model: Any, mode: str, prompt: str) -> dict[str, Any]:
     """One turn of a LangChain chat model, ``invoke`` or ``stream``: its text and how it
     ended (``finish_reason`` for OpenAI, ``stop_reason`` for Anthropic)."""
@@ -101,6 +130,7 @@ CLIENTS: dict[str, Callable[[str, str], dict[str, Any]]] = {
     "pydantic-ai-openai": pydantic_ai_openai,
     "pydantic-ai-anthropic": pydantic_ai_anthropic,
     "agents": agents,
+    "agents-chained": agents_chained,
     "langchain-openai": langchain_openai,
     "langchain-anthropic": langchain_anthropic,
 }

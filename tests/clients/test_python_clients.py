@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.clients.conftest import Stack
-from tests.clients.stack import HERE, Run, key_of, outcomes, run
+from tests.clients.stack import HERE, Run, key_of, outcomes, run, tenant_requests
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.xdist_group("clients")]
 
@@ -61,6 +61,24 @@ def test_agents_sdk_cut(client_stack: Stack, home: Path, mode: str) -> None:
     # A whole reply was asked upstream with the cap the budget allows: it completes at it.
     ended = "truncated" if mode == "stream" else "completed"
     assert outcomes(client_stack.log, tenant) == [ended], done
+
+
+@pytest.mark.parametrize("mode", ["generate", "stream"])
+def test_agents_sdk_continues_a_response_by_its_id(
+    client_stack: Stack, home: Path, mode: str
+) -> None:
+    """The second run names the first's response (previous_response_id): the gateway kept it
+    for this tenant and sends the whole conversation upstream; both turns complete."""
+    before = len(outcomes(client_stack.log, "normal"))
+    prompt = "say hi [mock:tokens=12]"
+    done, got = client(client_stack, home, "agents-chained", mode, "normal", prompt)
+    assert done.returncode == 0 and got["text"].strip(), done
+    assert got["first"].startswith("resp_") and got["second"] != got["first"], done
+    assert outcomes(client_stack.log, "normal")[before:] == ["completed", "completed"], done
+    first, second = tenant_requests(client_stack.log, "normal")[-2:]
+    # The second turn's input holds the first's input and its answer's 12 text tokens (its
+    # model reasons too: that output is billed once, not sent again).
+    assert second["input_tokens"] > first["input_tokens"] + 12, done
 
 
 def test_agents_sdk_refused(client_stack: Stack, home: Path) -> None:

@@ -250,7 +250,6 @@ def test_a_spent_budget_refuses_the_turn_with_a_clear_error(
 @pytest.mark.parametrize(
     ("fields", "named"),
     [
-        ({"previous_response_id": "resp_123"}, "previous_response_id"),
         ({"conversation": "conv_123"}, "conversation"),
         ({"background": True}, "background"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
@@ -411,9 +410,10 @@ def test_input_tokens_is_the_reservation_and_costs_nothing(base: str, mock: Mock
     # An upper bound on what the provider bills for the same input.
     response = c.responses.create(model="small", input=HI, max_output_tokens=5, user="alpha")
     assert response.usage is not None and plain.input_tokens >= response.usage.input_tokens
-    with pytest.raises(openai.BadRequestError) as refused:
+    # An id the gateway never stored for this tenant (tests/e2e/test_stored_responses.py).
+    with pytest.raises(openai.NotFoundError) as unknown:
         c.responses.input_tokens.count(model="small", input=HI, previous_response_id="resp_1")
-    assert "previous_response_id" in refused.value.message
+    assert unknown.value.code == "previous_response_not_found"
     with pytest.raises(openai.NotFoundError):
         c.responses.input_tokens.count(model="nope", input=HI)
     with pytest.raises(openai.PermissionDeniedError):
