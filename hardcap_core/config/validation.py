@@ -45,6 +45,7 @@ from hardcap_core.config.schema import (
 from hardcap_core.config.settings import GatewaySettings, env_overrides
 from hardcap_core.errors import ConfigError
 from hardcap_core.ledger.allowances import SharedBudget, SharedKind, SharedLimits, shared_budgets
+from hardcap_core.tokenize.images import route_rules
 
 
 def parse_config(
@@ -88,6 +89,10 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
             r.queue_wait_seconds, unseen_output=r.unseen(upstreams[r.upstream].kind),
             max_pdf_pages=r.max_pdf_pages,
             tokenizer=r.counted_by(), exact_count=r.exact_count, count_api=r.count_api,
+            image_rules=route_rules(
+                r.model or r.name, upstreams[r.upstream].kind, r.image_rule,
+                r.image_costs.given() if r.image_costs else None,
+            ),
             shared=_route_shared(r, upstreams[r.upstream]),
         )  # fmt: skip
     orgs = {o.id: o for o in file.orgs}
