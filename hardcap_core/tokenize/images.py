@@ -314,7 +314,8 @@ def image_extra_tokens(
     found: tuple[ImageInput, ...] | None = None,
 ) -> int:
     """What ``rules`` bill for ``body``'s images (``found``: read from it already) beyond what
-    the parse counted for them; never less (a rule that bills an image less than the parse
-    counted leaves its count as it was)."""
+    the parse counted for them. Less than nothing where the rules bill less (o3's 75 + 150 a
+    tile against GPT-4o's 85 + 170): the parse's count of each image is replaced by the rule's,
+    the same walk over the same parts (:func:`images`), so the rest of the bound is kept."""
     found = tuple(images(body)) if found is None else found
-    return sum(max(0, bill(rules, i.size, i.detail) - i.counted) for i in found)
+    return sum(bill(rules, i.size, i.detail) - i.counted for i in found)

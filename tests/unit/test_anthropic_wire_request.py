@@ -283,10 +283,11 @@ def test_images_count_by_the_route_s_model_not_at_parse() -> None:
     # 1092 x 1092: OpenAI's rule says 765 tokens, Anthropic's 1590.
     square = image({"type": "base64", "media_type": "image/png", "data": png(1092, 1092)})
     assert image_extra_tokens(square.body, claude) == 1590 - 765
-    # 200 x 200: 64 patches of 28 px at Anthropic, fewer than OpenAI's 255: nothing added.
+    # 200 x 200: 64 patches of 28 px at Anthropic, fewer than OpenAI's 255: the route's count
+    # replaces the parse's.
     small = image({"type": "base64", "media_type": "image/png", "data": png(200, 200)})
     assert small.input_tokens == input_tokens(small.body)
-    assert image_extra_tokens(small.body, claude) == 0
+    assert image_extra_tokens(small.body, claude) == 64 - 255
 
 
 def document(data: bytes, **block: Any) -> Any:

@@ -232,3 +232,23 @@ def test_a_chain_is_held_its_dearest_targets_images() -> None:
     assert counts.bound(counts.chains["r"][0], chat) - chat.input_tokens == 25501 - 765
     claude = counts.chains["claude"][0]
     assert counts.bound(claude, chat) - chat.input_tokens == 1399 - 765  # ceil(1024^2 / 750)
+
+
+@pytest.mark.parametrize("model", ["o3", "gpt-5", "computer-use-preview", "claude-sonnet-4-5"])
+def test_a_model_that_bills_less_than_gpt_4o_is_held_its_own_bill(model: str) -> None:
+    """The parse counted GPT-4o's rule; the route's rule replaces it, down as well as up."""
+    counts = InputCounts(parse_config(config(model=model)))
+    route = counts.chains["r"][0]
+    with_image = parse_chat_request(json.dumps(chat_body(model, data_url(800, 600))).encode())
+    text = parse_chat_request(
+        json.dumps(
+            {
+                "model": model,
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "what is this?"}]}
+                ],
+            }
+        ).encode()
+    )
+    held = counts.bound(route, with_image) - counts.bound(route, text)
+    assert held == bill(rules_for(model), (800, 600), None) < GPT_4O.tokens((800, 600), None)
