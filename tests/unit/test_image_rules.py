@@ -252,3 +252,27 @@ def test_a_model_that_bills_less_than_gpt_4o_is_held_its_own_bill(model: str) ->
     )
     held = counts.bound(route, with_image) - counts.bound(route, text)
     assert held == bill(rules_for(model), (800, 600), None) < GPT_4O.tokens((800, 600), None)
+
+
+async def test_the_routes_tokenizer_count_holds_its_models_images_too() -> None:
+    """Where the bound does not fit, the route's count replaces it: images by the same rule."""
+    counts = InputCounts(parse_config(config(model="gpt-4o-mini")))
+    route = counts.chains["r"][0]
+    body = chat_body("gpt-4o-mini", data_url(1024, 1024))
+    chat = parse_chat_request(json.dumps(body).encode())
+    counted = await counts.count(route, chat)
+    assert counted is not None and mock_billing.prompt_tokens(body) <= counted < 25501 + 50
+
+
+@pytest.mark.parametrize("model", [
+    "gpt-4o", "gpt-4o-mini", "o1", "computer-use-preview", "gpt-5", "gpt-4.1-mini",
+    "gpt-4.1-nano", "o4-mini", "gpt-5-mini", "gpt-5-nano", "claude-3-5-sonnet", "mystery",
+])  # fmt: skip
+def test_no_size_or_detail_is_held_less_than_the_mock_bills(model: str) -> None:
+    counts = InputCounts(parse_config(config(model=model)))
+    route = counts.chains["r"][0]
+    for width, height in [(1, 1), (31, 4000), (513, 513), (767, 769), (2049, 1000), (6000, 90)]:
+        for detail in (None, "low", "high", "auto"):
+            body = chat_body(model, data_url(width, height), detail)
+            chat = parse_chat_request(json.dumps(body).encode())
+            assert counts.bound(route, chat) >= mock_billing.prompt_tokens(body), (width, height)
