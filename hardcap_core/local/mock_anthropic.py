@@ -68,7 +68,7 @@ from hardcap_core.local.mock_faults import Faults, apply_fault, hang, retry_head
 from hardcap_core.local.mock_plan import ChatRequest, Plan
 from hardcap_core.local.mock_replies import CuttableStreamingResponse, dropped
 from hardcap_core.local.mock_truth import Account, GroundTruth
-from hardcap_core.tokenize.images import CLAUDE, rules_for
+from hardcap_core.tokenize.images import CLAUDE_HIGH_RES, rules_for
 from hardcap_core.wire.media import base64_bytes, image_size
 
 TOOL_SYSTEM_TOKENS = 346  # Anthropic's tool-use system prompt (tool_choice auto or none)
@@ -84,10 +84,11 @@ DEFAULT_LIMITS: Limits = (IMAGE_LONG_EDGE, IMAGE_MAX_PIXELS, IMAGE_MAX_TOKENS)
 
 
 def image_limits(model: Any) -> Limits:
-    """The image limits ``model`` bills by: Claude up to 4.6's, or the larger images of Claude
-    Opus 4.7 and any Claude the gateway's table does not date (hardcap_core/tokenize/images.py)."""
+    """The image limits ``model`` bills by: the larger images of a Claude the gateway's table
+    names as Opus 4.7 or later (hardcap_core/tokenize/images.py); Claude up to 4.6's for any
+    other name, as the mock always billed."""
     rules = rules_for(model if isinstance(model, str) else "", "anthropic")
-    return DEFAULT_LIMITS if rules == (CLAUDE,) else HIGH_RES
+    return HIGH_RES if rules == (CLAUDE_HIGH_RES,) else DEFAULT_LIMITS
 
 
 FIELDS = frozenset(
