@@ -181,6 +181,19 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         quick=False,
     ),
     Benchmark(
+        "image_rules",
+        "budget",
+        "image_rules",
+        "what the gateway holds for an image against what its model bills, per model family",
+        (
+            "hardcap_core/tokenize",
+            "hardcap_core/wire/media.py",
+            "hardcap_core/local/mock_billing.py",
+        ),
+        (Result("image-rules.json", "", "docs/design.md (images per model)"),),
+        quick=False,
+    ),
+    Benchmark(
         "live_config_propagation",
         "budget",
         "live_config_propagation",

@@ -34,6 +34,7 @@ from hardcap_core.config.settings import (
     UnseenOutput,
 )
 from hardcap_core.ledger.allowances import SharedBudget, SharedLimits
+from hardcap_core.tokenize.images import ALL_RULES, ImageRule
 
 DEFAULT_BREAKER = BreakerSettings()
 
@@ -92,6 +93,9 @@ class Route:
     tokenizer: str = "bound"
     exact_count: str = "when_needed"
     count_api: bool = False
+    # How its upstream model bills an image (hardcap_core/tokenize/images.py); every rule's
+    # dearest unless the config says or the model's family is known.
+    image_rules: tuple[ImageRule, ...] = ALL_RULES
     # Its own limits over every tenant, then its upstream's; None: neither has any.
     shared: SharedLimits | None = None
 

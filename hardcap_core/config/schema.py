@@ -314,6 +314,30 @@ def default_tokenizer(model: str) -> Tokenizer:
     return next((kind for pattern, kind in TOKENIZER_BY_MODEL if pattern.search(name)), "bound")
 
 
+# Which numbers each named image rule takes (hardcap_core/tokenize/images.py).
+IMAGE_COST_FIELDS = {
+    "tile": frozenset({"base_tokens", "tile_tokens"}),
+    "patch": frozenset({"multiplier", "max_patches"}),
+    "anthropic": frozenset({"long_edge", "max_tokens"}),
+}
+
+
+class ImageCostsConfig(_Model):
+    """A route's own numbers for its ``image_rule``; each left out is its family's, else the
+    dearest known (docs/config.md, "Images")."""
+
+    base_tokens: PosInt | None = None
+    tile_tokens: PosInt | None = None
+    multiplier: PosFloat | None = None
+    max_patches: PosInt | None = None
+    long_edge: PosInt | None = None
+    max_tokens: PosInt | None = None
+
+    def given(self) -> dict[str, float]:
+        """The numbers set, by name."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class RouteConfig(_Model):
     name: RouteName
     upstream: Id
@@ -354,6 +378,11 @@ class RouteConfig(_Model):
     # tokenizer anthropic on an anthropic upstream: ask its count_tokens endpoint (a short
     # timeout; the calibrated bound when it does not answer in time).
     count_api: bool = False
+    # How its images are billed (default auto: by the model's family, FAMILIES in
+    # hardcap_core/tokenize/images.py, every rule's dearest for a model it does not know); or
+    # tile, patch, anthropic with image_costs' numbers (docs/config.md has the table).
+    image_rule: Literal["auto", "tile", "patch", "anthropic"] = "auto"
+    image_costs: ImageCostsConfig | None = None
     # Limits on this route over every tenant (checked with each tenant's own in one admit).
     budgets: list[BudgetConfig] = []
     rate_limits: RateLimitConfig | None = None
@@ -374,6 +403,15 @@ class RouteConfig(_Model):
 
     @model_validator(mode="after")
     def _reservation(self) -> RouteConfig:
+        if self.image_costs is not None:
+            allowed = IMAGE_COST_FIELDS.get(self.image_rule, frozenset())
+            wrong = sorted(set(self.image_costs.given()) - allowed)
+            if wrong or not self.image_costs.given():
+                raise ValueError(
+                    f"image_costs {', '.join(wrong) or '(empty)'} do not apply to image_rule "
+                    f"{self.image_rule!r}: tile takes base_tokens, tile_tokens; patch takes "
+                    "multiplier, max_patches; anthropic takes long_edge, max_tokens"
+                )
         if self.count_api and self.counted_by() != "anthropic":
             raise ValueError(f"count_api needs tokenizer anthropic, not {self.counted_by()!r}")
         if self.min_output_reservation > self.max_output_tokens:

@@ -46,6 +46,7 @@ from hardcap_core.config.schema import (
 from hardcap_core.config.settings import GatewaySettings, env_overrides
 from hardcap_core.errors import ConfigError
 from hardcap_core.ledger.allowances import SharedBudget, SharedKind, SharedLimits, shared_budgets
+from hardcap_core.tokenize.images import route_rules
 
 
 def parse_config(
@@ -92,6 +93,10 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
             server_tool_input_tokens=r.server_tool_input_tokens,
             max_pdf_pages=r.max_pdf_pages, store_responses=r.store_responses,
             tokenizer=r.counted_by(), exact_count=r.exact_count, count_api=r.count_api,
+            image_rules=route_rules(
+                r.model or r.name, upstreams[r.upstream].kind, r.image_rule,
+                r.image_costs.given() if r.image_costs else None,
+            ),
             shared=_route_shared(r, upstreams[r.upstream]),
         )  # fmt: skip
     orgs = {o.id: o for o in file.orgs}

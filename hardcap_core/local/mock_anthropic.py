@@ -79,6 +79,7 @@ from hardcap_core.local.mock_faults import Faults, apply_fault, hang, retry_head
 from hardcap_core.local.mock_plan import ChatRequest, Plan
 from hardcap_core.local.mock_replies import CuttableStreamingResponse, dropped
 from hardcap_core.local.mock_truth import Account, GroundTruth
+from hardcap_core.tokenize.images import CLAUDE_HIGH_RES, rules_for
 from hardcap_core.wire.media import base64_bytes, image_size
 
 TOOL_SYSTEM_TOKENS = 346  # Anthropic's tool-use system prompt (tool_choice auto or none)
@@ -86,6 +87,21 @@ TOKENS_PER_MESSAGE = 3
 IMAGE_MAX_TOKENS = 1_600
 IMAGE_LONG_EDGE = 1_568
 IMAGE_MAX_PIXELS = 1_150_000
+# Claude Opus 4.7 and later take larger images (Anthropic's vision docs): 2,576 px on the long
+# edge, ~3.75 megapixels, 4,784 tokens at most.
+HIGH_RES = (2_576, 3_750_000, 4_784)
+Limits = tuple[int, int, int]  # long edge, pixels, tokens
+DEFAULT_LIMITS: Limits = (IMAGE_LONG_EDGE, IMAGE_MAX_PIXELS, IMAGE_MAX_TOKENS)
+
+
+def image_limits(model: Any) -> Limits:
+    """The image limits ``model`` bills by: the larger images of a Claude the gateway's table
+    names as Opus 4.7 or later (hardcap_core/tokenize/images.py); Claude up to 4.6's for any
+    other name, as the mock always billed."""
+    rules = rules_for(model if isinstance(model, str) else "", "anthropic")
+    return HIGH_RES if rules == (CLAUDE_HIGH_RES,) else DEFAULT_LIMITS
+
+
 FIELDS = frozenset(
     {
         "model", "messages", "max_tokens", "system", "stream", "stop_sequences", "temperature",
@@ -239,9 +255,10 @@ def _check_options(body: dict[str, Any]) -> None:
 
 def anthropic_prompt_tokens(body: Mapping[str, Any]) -> int:
     """The input tokens Anthropic bills for a Messages ``body`` (see the module docstring)."""
-    total = _content_tokens(body.get("system"))
+    limits = image_limits(body.get("model"))
+    total = _content_tokens(body.get("system"), limits)
     for message in body.get("messages") or ():
-        total += TOKENS_PER_MESSAGE + _content_tokens(message.get("content"))
+        total += TOKENS_PER_MESSAGE + _content_tokens(message.get("content"), limits)
     tools = body.get("tools") or []
     if tools:
         total += TOOL_SYSTEM_TOKENS + sum(value_tokens(tool) for tool in tools)
@@ -258,12 +275,12 @@ def cache_blocks(body: Mapping[str, Any]) -> list[tuple[Any, int]]:
         choice = body.get("tool_choice")
         blocks.append(({"tool_choice": choice}, TOOL_SYSTEM_TOKENS + value_tokens(choice)))
     blocks += [(tool, value_tokens(tool)) for tool in tools]
-    system = body.get("system")
-    blocks += [(b, _content_tokens([b])) for b in _listed(system)]
+    system, limits = body.get("system"), image_limits(body.get("model"))
+    blocks += [(b, _content_tokens([b], limits)) for b in _listed(system)]
     for message in body.get("messages") or ():
         parts = _listed(message.get("content"))
         role = {"role": message.get("role")}
-        blocks += [(role, TOKENS_PER_MESSAGE), *((b, _content_tokens([b])) for b in parts)]
+        blocks += [(role, TOKENS_PER_MESSAGE), *((b, _content_tokens([b], limits)) for b in parts)]
     return blocks
 
 
@@ -283,7 +300,7 @@ def _listed(content: Any) -> list[Any]:
     return content if isinstance(content, list) else [content]
 
 
-def _content_tokens(content: Any) -> int:
+def _content_tokens(content: Any, limits: Limits = DEFAULT_LIMITS) -> int:
     if not isinstance(content, list):
         return value_tokens(content)
     total = 0
@@ -291,15 +308,15 @@ def _content_tokens(content: Any) -> int:
         if not isinstance(block, dict):
             total += value_tokens(block)
         elif block.get("type") == "image":
-            total += image_tokens(block.get("source"))
+            total += image_tokens(block.get("source"), limits)
         elif block.get("type") == "tool_result":
-            total += _content_tokens(block.get("content"))
+            total += _content_tokens(block.get("content"), limits)
         elif block.get("type") == "document" and (pages := _pdf(block)) is not None:
             total += sum(text_tokens(text) + _size_tokens(size) for text, size in pages)
             total += value_tokens(block.get("title")) + value_tokens(block.get("context"))
         else:
             total += sum(
-                _content_tokens(v) if k == "content" else value_tokens(v)
+                _content_tokens(v, limits) if k == "content" else value_tokens(v)
                 for k, v in block.items()
                 if k not in ("type", "id", "tool_use_id", "cache_control", "signature")
             )
@@ -314,22 +331,24 @@ def _pdf(block: dict[str, Any]) -> tuple[tuple[str, tuple[int, int]], ...] | Non
     return pdf_pages(base64_bytes(str(source.get("data", ""))))
 
 
-def image_tokens(source: Any) -> int:
-    """Anthropic's image rule: (w x h) / 750 after scaling down to fit, at most 1,600."""
+def image_tokens(source: Any, limits: Limits = DEFAULT_LIMITS) -> int:
+    """Anthropic's image rule: (w x h) / 750 after scaling down to fit the model's ``limits``,
+    at most its largest image (1,600 tokens; 4,784 from Claude Opus 4.7)."""
     size = None
     if isinstance(source, dict) and source.get("type") == "base64":
         size = image_size(base64_bytes(str(source.get("data", "")), 64 * 1024))
-    return _size_tokens(size)
+    return _size_tokens(size, limits)
 
 
-def _size_tokens(size: tuple[int, int] | None) -> int:
+def _size_tokens(size: tuple[int, int] | None, limits: Limits = DEFAULT_LIMITS) -> int:
+    long_edge, max_pixels, max_tokens = limits
     if size is None:
-        return IMAGE_MAX_TOKENS
+        return max_tokens
     width, height = size
-    scale = min(1.0, IMAGE_LONG_EDGE / max(width, height))
-    scale = min(scale, math.sqrt(IMAGE_MAX_PIXELS / (width * height)))
+    scale = min(1.0, long_edge / max(width, height))
+    scale = min(scale, math.sqrt(max_pixels / (width * height)))
     tokens = math.ceil(width * scale * height * scale / 750)
-    return max(1, min(tokens, IMAGE_MAX_TOKENS))
+    return max(1, min(tokens, max_tokens))
 
 
 def planning_request(body: dict[str, Any]) -> ChatRequest:

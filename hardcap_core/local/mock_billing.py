@@ -10,8 +10,10 @@ the tokens of each of its values, 1 more for a name, 3 to prime the reply. Beyon
   of 7 + 12 tokens per function (OpenAI renders them more tersely, so this bills a bit more);
 - response_format, prediction, tool_choice and any field not listed as a parameter: the
   tokens of their JSON (a string value: of its text);
-- images: OpenAI's tile rule (:mod:`hardcap_core.wire.media`), with the real size when a
-  ``data:`` URL carries a PNG, JPEG, GIF or WebP header, else the bound (1445);
+- images: by the model's rule, as OpenAI bills it (:mod:`hardcap_core.tokenize.images`:
+  gpt-4o-mini's tiles at 2,833 + 5,667 each, gpt-4.1-mini's patches times 1.62, ...; a model
+  of no known family by GPT-4o's tiles), with the real size when a ``data:`` URL carries a PNG,
+  JPEG, GIF or WebP header, else the largest image the rule bills;
 - input audio: 10 tokens a second (1 per 100 ms), the duration from a WAV header or an MP3
   frame's bitrate, else at 8 kbit/s;
 - files: a PDF as OpenAI's file inputs guide says, the extracted text of each page (pypdf's
@@ -31,6 +33,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from hardcap_core.tokenize.images import ALL_RULES, GPT_4O, ImageRule, bill, rules_for
 from hardcap_core.wire.media import (
     LOWEST_BYTES_PER_SECOND,
     base64_bytes,
@@ -89,8 +92,13 @@ def value_tokens(value: Any) -> int:
 def prompt_tokens(body: Mapping[str, Any]) -> int:
     """The prompt tokens a chat-completions ``body`` is billed."""
     total = REPLY_PRIMING
+    model = body.get("model")
+    rules = billed_image_rules(model if isinstance(model, str) else "")
     for message in body.get("messages") or ():
-        total += _message(message) if isinstance(message, Mapping) else value_tokens(message)
+        if isinstance(message, Mapping):
+            total += _message(message, rules)
+        else:
+            total += value_tokens(message)
     for field, value in body.items():
         if field == "messages" or field in PARAMETERS or value is None:
             continue
@@ -101,11 +109,19 @@ def prompt_tokens(body: Mapping[str, Any]) -> int:
     return total
 
 
-def _message(message: Mapping[str, Any]) -> int:
+def billed_image_rules(model: str) -> tuple[ImageRule, ...]:
+    """The image rule the mock bills ``model``'s images by: its family's, as its provider
+    does; GPT-4o's for a model of no known family (a provider bills by one rule, not the
+    dearest of all, which is the gateway's bound)."""
+    rules = rules_for(model)
+    return (GPT_4O,) if rules == ALL_RULES else rules
+
+
+def _message(message: Mapping[str, Any], rules: tuple[ImageRule, ...]) -> int:
     total = TOKENS_PER_MESSAGE
     for field, value in message.items():
         if field == "content" and isinstance(value, list):
-            total += sum(_part(part) for part in value)
+            total += sum(_part(part, rules) for part in value)
         elif field == "name":
             total += TOKENS_PER_NAME + value_tokens(value)
         else:
@@ -113,7 +129,7 @@ def _message(message: Mapping[str, Any]) -> int:
     return total
 
 
-def _part(part: Any) -> int:
+def _part(part: Any, rules: tuple[ImageRule, ...]) -> int:
     if not isinstance(part, Mapping):
         return value_tokens(part)
     total = 0
@@ -121,7 +137,7 @@ def _part(part: Any) -> int:
         if field == "type" or value is None:
             continue
         if field == "image_url":
-            total += _image(value)
+            total += _image(value, rules)
         elif field == "input_audio" and isinstance(value, Mapping):
             total += _audio(value)
         elif field == "file" and isinstance(value, Mapping):
@@ -133,12 +149,12 @@ def _part(part: Any) -> int:
     return total
 
 
-def _image(image: Any) -> int:
+def _image(image: Any, rules: tuple[ImageRule, ...]) -> int:
     url = image.get("url") if isinstance(image, Mapping) else image
     detail = image.get("detail") if isinstance(image, Mapping) else None
     data = data_url_bytes(url) if isinstance(url, str) else None
     size = None if data is None else image_size(data)
-    return image_tokens(size, detail if isinstance(detail, str) else None)
+    return bill(rules, size, detail if isinstance(detail, str) else None)
 
 
 def _audio(audio: Mapping[str, Any]) -> int:

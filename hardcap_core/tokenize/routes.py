@@ -7,9 +7,10 @@ no vocabulary). A route whose chain of targets all count better than the bound
 bound does not fit (admission answers busy, exceeded or queued, and the gateway asks again with
 the count), on every request of a route with ``exact_count: always``, for ``count_tokens`` and
 for the first usage event of an Anthropic stream. A chain is counted as its dearest target
-bills: each target by its own tokenizer, an Anthropic model (directly or on Bedrock) with what
-it bills beyond OpenAI's rules (:func:`~hardcap_core.wire.anthropic_count.
-anthropic_extra_tokens`), the largest of them.
+bills: each target by its own tokenizer, its images by its model's rule (:mod:`~hardcap_core.
+tokenize.images`), an Anthropic model (directly or on Bedrock) with what else it bills beyond
+OpenAI's rules (:func:`~hardcap_core.wire.anthropic_count.anthropic_extra_tokens`), the largest
+of them.
 
 A vocabulary is loaded in a worker thread the first time a count needs it (hundreds of
 milliseconds of CPU, :mod:`~hardcap_core.tokenize.vocabularies`), so streams in flight on the
@@ -33,6 +34,7 @@ from hardcap_core.config import Config, Route
 from hardcap_core.errors import ConfigError
 from hardcap_core.ledger import AdmitResult, Queued, Refused
 from hardcap_core.logs import logger
+from hardcap_core.tokenize.images import ImageInput, image_extra_tokens, images
 from hardcap_core.wire.anthropic_count import anthropic_extra_tokens
 
 if TYPE_CHECKING:  # imported on first use, for the routes that count (see the docstring)
@@ -75,15 +77,22 @@ class InputCounts:
         return route.exact_count == "always" and self.counts_better(route)
 
     def bound(self, route: Route, chat: ChatRequest) -> int:
-        """The request's upper bound as the dearest-counting target of its chain bills it: an
-        Anthropic model (directly or on Bedrock) bills a tool-use system prompt and images by
-        its own rule beyond what the OpenAI count of the body holds. (A request that came in
-        Anthropic's format was counted that way already.)"""
-        if chat.dialect == ANTHROPIC_MESSAGES:
-            return chat.input_tokens
-        if any(t.upstream.kind in ANTHROPIC_KINDS for t in self.chains[route.name]):
-            return chat.input_tokens + anthropic_extra_tokens(chat.body)
-        return chat.input_tokens
+        """The request's upper bound as the dearest-counting target of its chain bills it:
+        each target's images by its model's rule (:func:`~hardcap_core.tokenize.images.
+        image_extra_tokens`), and an Anthropic model (directly or on Bedrock) its tool-use
+        system prompt and PDF pages beyond what the OpenAI count of the body holds. (A request
+        that came in Anthropic's format was counted with those already.)"""
+        found = tuple(images(chat.body))  # read once for every target
+        chain = self.chains[route.name]
+        return chat.input_tokens + max(self._extra(t, chat, found) for t in chain)
+
+    @staticmethod
+    def _extra(target: Route, chat: ChatRequest, found: tuple[ImageInput, ...]) -> int:
+        """What ``target`` bills for ``chat`` beyond the parse's count of its body."""
+        extra = image_extra_tokens(chat.body, target.image_rules, found)
+        if chat.dialect != ANTHROPIC_MESSAGES and target.upstream.kind in ANTHROPIC_KINDS:
+            extra += anthropic_extra_tokens(chat.body)
+        return extra
 
     async def count(self, route: Route, chat: ChatRequest) -> int | None:
         """The chain's count by its tokenizers; None where it has none better than the bound,
@@ -131,7 +140,9 @@ class InputCounts:
         counter = self.counters[target.name]
         if counter.vocabulary is not None and counter.vocabulary not in loaded():
             await asyncio.to_thread(encoding, counter.vocabulary)
-        extra = anthropic_extra_tokens(chat.body) if target.upstream.kind in ANTHROPIC_KINDS else 0
+        extra = image_extra_tokens(chat.body, target.image_rules)
+        if target.upstream.kind in ANTHROPIC_KINDS:
+            extra += anthropic_extra_tokens(chat.body)
         if target.count_api and self.api is not None:
             return await self._asked(target, chat, counter, extra)
         return counter.count(chat.body) + extra
@@ -152,16 +163,17 @@ class InputCounts:
             return answer
         if answer.tokens is None:
             return calibrated
-        return min(calibrated, answer.tokens + self._rest(chat, answer))
+        return min(calibrated, answer.tokens + self._rest(target, chat, answer))
 
     @staticmethod
-    def _rest(chat: ChatRequest, prefix: Prefix) -> int:
+    def _rest(target: Route, chat: ChatRequest, prefix: Prefix) -> int:
         """The calibrated bound of the messages after a counted prefix, with what Anthropic
-        bills beyond OpenAI's rules for them (their images and PDF pages)."""
+        bills beyond OpenAI's rules for them (their images by ``target``'s rule, PDF pages)."""
         from hardcap_core.tokenize.counters import CalibratedCounter  # imported by _counters
 
         rest = {"messages": chat.body["messages"][prefix.messages :]}
-        return CalibratedCounter().count(rest) + anthropic_extra_tokens(rest)
+        extra = image_extra_tokens(rest, target.image_rules) + anthropic_extra_tokens(rest)
+        return CalibratedCounter().count(rest) + extra
 
 
 def _counters(config: Config) -> dict[str, InputCounter]:

@@ -12,8 +12,8 @@ import pytest
 
 from hardcap_core.errors import InvalidRequest
 from hardcap_core.local.mock_anthropic import anthropic_prompt_tokens
+from hardcap_core.tokenize.images import image_extra_tokens, rules_for
 from hardcap_core.wire.anthropic_count import (
-    ANTHROPIC_IMAGE_BOUND,
     PDF_PAGE_EXTRA_TOKENS,
     TOOL_SYSTEM_PROMPT_TOKENS,
     count_tokens_reply,
@@ -269,19 +269,25 @@ def test_the_estimate_is_the_openai_estimate_of_the_translation_plus_anthropics_
     assert with_tools.input_tokens == input_tokens(with_tools.body) + TOOL_SYSTEM_PROMPT_TOKENS
 
 
-def test_images_count_by_anthropics_rule_when_it_costs_more() -> None:
+def test_images_count_by_the_route_s_model_not_at_parse() -> None:
     def image(source: dict[str, Any]) -> Any:
         content = [{"type": "image", "source": source}]
         return parse(max_tokens=5, messages=[{"role": "user", "content": content}])
 
+    # The parse does not know the route: OpenAI's tile rule, the route's rule added after it
+    # (tokenize/routes.py), here Claude Sonnet 4.5's.
+    claude = rules_for("claude-sonnet-4-5")
     remote = image({"type": "url", "url": "https://example.com/cat.png"})
-    assert remote.input_tokens - input_tokens(remote.body) == ANTHROPIC_IMAGE_BOUND - 1445
+    assert remote.input_tokens == input_tokens(remote.body)
+    assert image_extra_tokens(remote.body, claude) == 1600 - 1445
     # 1092 x 1092: OpenAI's rule says 765 tokens, Anthropic's 1590.
     square = image({"type": "base64", "media_type": "image/png", "data": png(1092, 1092)})
-    assert square.input_tokens - input_tokens(square.body) == 1590 - 765
-    # 200 x 200: 53 tokens at Anthropic, fewer than OpenAI's 255: nothing added.
+    assert image_extra_tokens(square.body, claude) == 1590 - 765
+    # 200 x 200: 64 patches of 28 px at Anthropic, fewer than OpenAI's 255: the route's count
+    # replaces the parse's.
     small = image({"type": "base64", "media_type": "image/png", "data": png(200, 200)})
     assert small.input_tokens == input_tokens(small.body)
+    assert image_extra_tokens(small.body, claude) == 64 - 255
 
 
 def document(data: bytes, **block: Any) -> Any:

@@ -45,6 +45,7 @@ TABLES: dict[str, type[BaseModel]] = {
     "### `routes[].estimator`": schema.EstimatorConfig,
     "### `routes[].price`": schema.PriceConfig,
     "### `routes[].price.long_context`": schema.LongContextConfig,
+    "### `routes[].image_costs`": schema.ImageCostsConfig,
     "## `orgs`": schema.OrgConfig,
     "## `tenants`": schema.TenantConfig,
     "### `tenants[].users`": schema.UsersConfig,
@@ -177,6 +178,7 @@ routes:
       input_per_million: 1
       output_per_million: 1
       long_context: {{above_input_tokens: 10, input_multiplier: 2, output_multiplier: 2}}
+  - {{name: v, upstream: u, image_rule: tile, image_costs: {{base_tokens: 85}}}}
 issuers: [{{name: i, issuer: "https://i.example", jwks_url: "https://i.example/k", audiences: [a]}}]
 orgs:
   - id: o
@@ -193,6 +195,7 @@ PLACES: dict[type[BaseModel], tuple[str | int, ...]] = {
     schema.EstimatorConfig: ("routes", 0, "estimator"),
     schema.PriceConfig: ("routes", 0, "price"),
     schema.LongContextConfig: ("routes", 0, "price", "long_context"),
+    schema.ImageCostsConfig: ("routes", 1, "image_costs"),
     schema.OrgConfig: ("orgs", 0),
     schema.TenantConfig: ("tenants", 0),
     schema.UsersConfig: ("tenants", 0, "users"),
