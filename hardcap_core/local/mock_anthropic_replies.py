@@ -25,7 +25,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from hardcap_core.local.mock_faults import HANG_LIMIT_S
-from hardcap_core.local.mock_plan import ERROR_OBJECT, NOT_JSON, Plan
+from hardcap_core.local.mock_plan import ERROR_OBJECT, NOT_JSON, Plan, lie_about
 from hardcap_core.local.mock_replies import MockAbort
 from hardcap_core.local.mock_truth import Account
 
@@ -64,6 +64,7 @@ def usage(plan: Plan, output_tokens: int, hour_prefix: int = 0) -> dict[str, Any
             "ephemeral_5m_input_tokens": written - hour,
             "ephemeral_1h_input_tokens": hour,
         }
+    lie_about(plan, out, input_key="input_tokens", output_key="output_tokens")
     return out
 
 
@@ -141,7 +142,9 @@ async def stream_messages(
                 )
             yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
         delta = {"stop_reason": STOP_REASONS[plan.finish_reason], "stop_sequence": None}
-        closing = {"type": "message_delta", "delta": delta, "usage": {"output_tokens": step}}
+        reported = {"output_tokens": step}
+        lie_about(plan, reported, input_key="input_tokens", output_key="output_tokens")
+        closing = {"type": "message_delta", "delta": delta, "usage": reported}
         yield _event("message_delta", closing)
         yield _event("message_stop", {"type": "message_stop"})
         finished = True
