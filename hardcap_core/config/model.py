@@ -28,6 +28,7 @@ from hardcap_core.config.secrets import KeySource, resolve_api_key
 from hardcap_core.config.settings import (
     DEFAULT_SERVER_TOOL_INPUT_TOKENS,
     DEFAULT_SERVER_TOOL_MAX_USES,
+    DEFAULT_GATEWAY,
     BreakerSettings,
     EstimatorSettings,
     GatewaySettings,
@@ -61,6 +62,8 @@ class Upstream:
     breaker: BreakerSettings = DEFAULT_BREAKER
     # Its budgets and per-minute rates over every tenant (ledger/allowances.py).
     shared: tuple[SharedBudget, ...] = ()
+    # By when a stream's status line and headers must have arrived (gateway's default).
+    head_timeout_seconds: float = DEFAULT_GATEWAY.upstream_head_timeout_seconds
 
     def api_key(self) -> str | None:
         """The API key, or None if none is configured; values from AWS are cached for minutes."""

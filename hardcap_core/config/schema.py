@@ -104,6 +104,7 @@ class GatewayConfig(_Model):
     truncate_guard_ms: NonNegFloat = _G.truncate_guard_ms
     shed_when_loop_lag_ms: NonNegFloat = _G.shed_when_loop_lag_ms
     upstream_timeout_seconds: PosFloat = _G.upstream_timeout_seconds
+    upstream_head_timeout_seconds: PosFloat = _G.upstream_head_timeout_seconds
     chars_per_token: PosFloat = _G.chars_per_token
     log_prompts: bool = _G.log_prompts
     queue_wait_seconds: NonNegFloat = _G.queue_wait_seconds
@@ -135,6 +136,7 @@ class UpstreamConfig(_Model):
     api_key_secret: NonEmpty | None = None
     api_key_parameter: NonEmpty | None = None
     timeout_seconds: PosFloat | None = None
+    head_timeout_seconds: PosFloat | None = None
     breaker: BreakerConfig | None = None  # default: the gateway's `breaker`
     # The org's own account with the provider, over every tenant and route on it: budgets and
     # per-minute rates (set them at 85-90% of the vendor's limits, so the gateway refuses first).

@@ -95,6 +95,10 @@ class GatewaySettings:
     # Refuse new chat requests (503) while the event loop runs this late; 0: never.
     shed_when_loop_lag_ms: float = 1000.0
     upstream_timeout_seconds: float = 300.0
+    # A stream's status line and headers (and any 1xx before them) must all have arrived by
+    # then: a provider answers a stream's head before it generates, and a 103 every 0.5 s
+    # would otherwise reset the per-read timeout for ever.
+    upstream_head_timeout_seconds: float = 60.0
     chars_per_token: float = 4.0
     log_prompts: bool = False
     # How long a request may wait in its tenant's admission queue for holds in flight to

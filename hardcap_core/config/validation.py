@@ -79,6 +79,7 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
             u.name, u.base_url or "", timeout, src[0] if src else None, u.kind, u.region,
             u.breaker.settings() if u.breaker else gateway.breaker,
             shared=_shared("upstream", u.name, u.budgets, u.rate_limits),
+            head_timeout_seconds=u.head_timeout_seconds or gateway.upstream_head_timeout_seconds,
         )  # fmt: skip
     routes: dict[str, Route] = {}
     for r in file.routes:

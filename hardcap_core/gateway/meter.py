@@ -31,14 +31,17 @@ from hardcap_core.config import Policy, Route
 from hardcap_core.config.settings import DEFAULT_GATEWAY, GatewaySettings
 from hardcap_core.errors import LedgerUnavailable
 from hardcap_core.events import Usage
-from hardcap_core.gateway.metrics import record_request
+from hardcap_core.gateway.metrics import record_request, record_usage_rejected
 from hardcap_core.gateway.money import (
     NO_TOOLS,
     Ended,
     HoldPolicy,
+    Implausible,
     ToolHold,
     failed_attempt,
+    implausible,
     policy_for,
+    reported_output_bound,
 )
 from hardcap_core.gateway.pace import Pace, RouteRate
 from hardcap_core.gateway.unseen import SEEN, Unseen
@@ -191,6 +194,9 @@ class Meter:
         # generated, and that is what it bills, cut or not.
         self.final: Usage | None = None
         self.whole = False  # a whole (non-streamed) reply: its usage is its final report
+        # A report the provider could not have billed (.money.implausible): from then on no
+        # report of this request is believed, and it is charged as one that reported nothing.
+        self.disbelieved: Implausible | None = None
         self._refreshed = self._clock()
         self.pace = Pace(clock)
         self.unseen = unseen  # output it may bill without streaming it (.unseen)
@@ -224,8 +230,38 @@ class Meter:
         self.pace.read(tokens)
         self.received_least += least
         self.in_hand += tokens
+        final = self.believe(final)
         if final is not None and final.output_tokens is not None:
             self.final = final
+
+    def believe(self, usage: Usage | None) -> Usage | None:
+        """``usage`` if the provider could have billed it (:func:`.money.implausible`), else
+        None: the request is then charged as one whose provider reported nothing, whatever it
+        reports later. The first report disbelieved is logged with its raw value and counted
+        (``UpstreamUsageRejected``)."""
+        if usage is None or self.disbelieved is not None:
+            return None
+        asked = self.asked if self.asked is not None else self.cap
+        received = self.unseen.tokens + self.seen + self.in_hand
+        bad = implausible(
+            usage, input_bound=self.input_estimate,
+            output_bound=reported_output_bound(asked, received, self.received_least),
+        )  # fmt: skip
+        if bad is None:
+            return usage
+        self.disbelieved = bad
+        self.final = None
+        m = self.meta
+        logger.warning(
+            "upstream usage rejected: a count it could not have billed",
+            extra={"route": self.route, "upstream": self.upstream, "field": bad.field,
+                   "raw_value": str(bad.value), "most": bad.most,
+                   "request_id": m.request_id, "tenant": m.tenant},
+        )  # fmt: skip
+        record_usage_rejected(
+            upstream=self.upstream, field=bad.field, value=bad.value, most=bad.most
+        )
+        return None
 
     def _reported_fits(self) -> bool:
         final = self.final.output_tokens if self.final else None
@@ -402,6 +438,7 @@ class Meter:
         self.settled = True
         self.outcome = outcome
         self._route_rate.observe(self.pace)
+        usage = self.believe(usage)
         bill = self.policy.charge(outcome, usage, self.ended(usage))
         self.charged_input, self.charged_output = bill.input, bill.output
         self.estimated = bill.estimated

@@ -101,3 +101,33 @@ def record_request(
         f"{',' if fields else ''}{fields}}}\n"
     )
     sys.stdout.write(line)
+
+
+_REJECTED_DIRECTIVES = json.dumps(
+    [
+        {
+            "Namespace": NAMESPACE,
+            "Dimensions": [["Upstream"]],
+            "Metrics": [{"Name": "UpstreamUsageRejected", "Unit": "Count"}],
+        }
+    ],
+    separators=(",", ":"),
+)
+_REJECTED_PREFIX = '{"_aws":{"CloudWatchMetrics":' + _REJECTED_DIRECTIVES + ',"Timestamp":'
+
+
+def record_usage_rejected(*, upstream: str, field: str, value: int, most: int) -> None:
+    """Write one ``UpstreamUsageRejected`` (dimension Upstream): a provider reported a count
+    it could not have billed (``field`` at ``value``, the most it could have been ``most``;
+    :func:`hardcap_core.gateway.money.implausible`), so the request was charged as if it had
+    reported nothing. Rare by nature, so one line of its own; the raw value rides as a string
+    (it may be past what a JSON number carries exactly)."""
+    if is_metrics_disabled():
+        return
+    now_ms = time.time_ns() // 1_000_000
+    sys.stdout.write(
+        f"{_REJECTED_PREFIX}{now_ms}}}"
+        f',"Upstream":{_quote(upstream or NO_VALUE)},"UpstreamUsageRejected":1'
+        f',"level":"WARNING","message":"upstream usage rejected","timestamp":{now_ms}'
+        f',"field":{_quote(field)},"raw_value":{_quote(str(value))},"most":{int(most)}}}\n'
+    )

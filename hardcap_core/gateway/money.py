@@ -356,6 +356,83 @@ def unseen_billed(unseen: Unseen, held: int | None, asked: int | None, received_
     return most if asked is None or received_least > asked else min(most, asked)
 
 
+# -- what a provider's report may say ------------------------------------------------------------
+
+# A provider's usage report is believed only within what it could have billed the request
+# (docs/design.md, "Usage an upstream reports"). Input: the gateway's own bound of the
+# request's input (``Ended.input_estimate``) times this, plus the allowance below. The bound
+# is an upper bound of the text on every tokenizer the gateway ships; what a provider adds
+# that the request does not carry is a few hundred to a couple of thousand tokens (Anthropic's
+# tool-use system prompt, 313-346; its computer-use, bash and text-editor tools, 245-1,234) and
+# is covered by the allowance; cache reads and writes are part of the input, never beside it.
+# The factor covers what the bound may still count low (patch-billed images are up to 3.3x the
+# tile rule the bound uses: a 1024 x 1024 image on gpt-4.1-nano).
+REPORTED_INPUT_FACTOR = 4
+REPORTED_INPUT_ALLOWANCE = 4096
+# Output: the cap the provider was sent (reasoning is inside it on OpenAI, thinking inside
+# max_tokens on Anthropic), or what arrived if that proves the provider ignored it, plus this.
+REPORTED_OUTPUT_ALLOWANCE = 16
+# No count past this is believed whatever the bounds: no model's window comes near it, and a
+# count past 2^53 cannot even be carried exactly by the ledger's scripts (Lua numbers).
+MOST_BELIEVED_TOKENS = 1 << 31
+
+
+class Implausible(NamedTuple):
+    """The first count of a provider's report that it could not have billed, as it sent it."""
+
+    field: str  # the gateway's name of the count (``Usage``'s field)
+    value: int
+    most: int  # the most it could have been
+
+
+def implausible(usage: Usage, *, input_bound: int, output_bound: int | None) -> Implausible | None:
+    """The first count of ``usage`` outside what the provider could have billed the request,
+    or None when every count is believable. ``input_bound`` is the gateway's own bound of
+    the request's input; ``output_bound`` the most output it could have generated (the cap it
+    was sent, or what arrived past it: :func:`reported_output_bound`), None if unknown.
+
+    A count is believed when it is a non-negative integer within
+    ``input_bound`` x :data:`REPORTED_INPUT_FACTOR` + :data:`REPORTED_INPUT_ALLOWANCE` (input,
+    cache reads and writes, which are parts of the input and so within it too) or
+    ``output_bound`` (output, and reasoning, which is part of it), and never past
+    :data:`MOST_BELIEVED_TOKENS`. A report outside that is not a bill: the request is charged
+    as one whose provider reported nothing (:meth:`HoldPolicy.charge` with no report)."""
+    most_in = min(input_bound * REPORTED_INPUT_FACTOR + REPORTED_INPUT_ALLOWANCE,
+                  MOST_BELIEVED_TOKENS)  # fmt: skip
+    most_out = (
+        MOST_BELIEVED_TOKENS if output_bound is None else min(output_bound, MOST_BELIEVED_TOKENS)
+    )
+    reported_in = usage.input_tokens
+    most_part = most_in if reported_in is None else min(max(reported_in, 0), most_in)
+    counts = (
+        ("input_tokens", reported_in, most_in),
+        ("output_tokens", usage.output_tokens, most_out),
+        ("reasoning_tokens", usage.reasoning_tokens, most_out),
+        ("cached_input_tokens", usage.cached_input_tokens, most_part),
+        ("cache_write_input_tokens", usage.cache_write_input_tokens, most_part),
+        ("cache_write_1h_input_tokens", usage.cache_write_1h_input_tokens, most_part),
+    )
+    for field, value, most in counts:
+        if value is not None and not 0 <= value <= most:
+            return Implausible(field, value, most)
+    read, written = usage.cached_input_tokens or 0, usage.cache_write_input_tokens or 0
+    if reported_in is not None and read + written > reported_in:
+        # Reads and writes are parts of the input: together they cannot be more than it.
+        return Implausible("cache_write_input_tokens", written, max(reported_in - read, 0))
+    return None
+
+
+def reported_output_bound(asked: int | None, received: int, received_least: int) -> int | None:
+    """The most output a provider's report may say: the cap it was sent (``asked``) plus
+    :data:`REPORTED_OUTPUT_ALLOWANCE`; past that only if what arrived proves it ignored the cap
+    (``received_least``, a token a piece, is past it), then what arrived as the gateway counts
+    it (``received``, which runs high) plus the allowance. None: no cap was sent."""
+    if asked is None:
+        return None
+    most = max(asked, received) if received_least > asked else asked
+    return most + REPORTED_OUTPUT_ALLOWANCE
+
+
 # -- the policies -------------------------------------------------------------------------------
 
 

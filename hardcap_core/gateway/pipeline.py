@@ -420,7 +420,8 @@ class Gateway:
             with anyio.CancelScope(shield=True):
                 await meter.settle(Outcome.UPSTREAM_UNAVAILABLE)
             raise
-        usage = completion.usage
+        # A report the provider could not have billed is no report (gateway/money.py).
+        usage = meter.believe(completion.usage)
         reported = usage is not None and usage.output_tokens is not None
         # Without the provider's count, a length guess could be low: charge the cap it was sent.
         meter.received_whole(completion.tokens if reported else max(completion.tokens, cap))

@@ -122,7 +122,8 @@ class Relay:
         if outcome not in CLOSED_CLEANLY:
             return b""
         meter = self.meter
-        usage = self._usage if outcome is Outcome.COMPLETED else None
+        # The provider's report as the client sees it: only one the meter believed.
+        usage = meter.believe(self._usage) if outcome is Outcome.COMPLETED else None
         charged = Charged(
             meter.charged_input, meter.charged_output, usage, meter.charged_cost,
             estimate=meter.estimated,  # as the usage record's `est`

@@ -40,7 +40,7 @@ ends) or 5 (data that is not JSON); faults from `POST /mock/fault` too. Its own:
 stall_after=N (nothing more after N steps until the client leaves). `max_tokens` caps
 thinking and output together: stop_reason "max_tokens"; `thinking.budget_tokens` caps the
 thinking, as it caps the full thinking of Claude 4. Others (hidden, silent_ms, audio,
-function_call, gzip, other malformed kinds) are refused with a 400.
+function_call, gzip, redirect, set_cookie, other malformed kinds) are refused with a 400.
 
 Server tools: a `web_search_*` tool (its `name`, `max_uses`, domain and location options)
 makes the reply search first (`mock_anthropic_replies.Searches`): `[mock:web_search=N]`
@@ -136,7 +136,7 @@ ERROR_TYPES = {
     429: "rate_limit_error",
     529: "overloaded_error",
 }
-UNSUPPORTED = ("hidden", "silent_ms", "audio", "function_call", "gzip")
+UNSUPPORTED = ("hidden", "silent_ms", "audio", "function_call", "gzip", "redirect", "set_cookie")
 
 Planner = Callable[[ChatRequest], Plan]
 

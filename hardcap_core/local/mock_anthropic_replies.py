@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hardcap_core.local.mock_faults import HANG_LIMIT_S
-from hardcap_core.local.mock_plan import ERROR_OBJECT, NOT_JSON, Plan
+from hardcap_core.local.mock_plan import ERROR_OBJECT, NOT_JSON, Plan, lie_about
 from hardcap_core.local.mock_replies import MockAbort
 from hardcap_core.local.mock_truth import Account
 
@@ -92,6 +92,7 @@ def usage(
         }
     if searches.offered:
         out["server_tool_use"] = {"web_search_requests": searches.reported}
+    lie_about(plan, out, input_key="input_tokens", output_key="output_tokens")
     return out
 
 
@@ -224,6 +225,7 @@ async def stream_messages(
         final: dict[str, Any] = {"output_tokens": step}
         if searches.offered:  # every sampling turn's input, and the searches billed
             final = usage(plan, step, hour_prefix, searches)
+        lie_about(plan, final, input_key="input_tokens", output_key="output_tokens")
         closing = {"type": "message_delta", "delta": delta, "usage": final}
         yield _event("message_delta", closing)
         yield _event("message_stop", {"type": "message_stop"})

@@ -170,6 +170,28 @@ MALFORMED_KINDS = {
 # Kinds whose bad event carries one more billed token than the plan's output.
 BILLED_MALFORMED = frozenset({BAD_UTF8, JSON_ARRAY})
 
+# `[mock:lie=K]`: the usage report says what no provider could have billed (a buggy or
+# compromised upstream, or a proxy in front of it); what it generates and bills stays the
+# truth. Each kind is the count it lies about and what it says.
+LIES: dict[int, tuple[str, int]] = {
+    1: ("output", (1 << 53) + 1),  # 9,007,199,254,740,993
+    2: ("output", -1_000_000_000),
+    3: ("output", (1 << 63) - 1),
+    4: ("input", (1 << 53) + 1),
+    5: ("input", -1_000_000_000),
+}
+# `[mock:redirect=N]`: answer a redirect instead (not billed, nothing generated): a 302 whose
+# body is a whole completion, or a 307 with no body, its Location another path of the mock.
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+def lie_about(plan: Plan, usage: dict[str, Any], *, input_key: str, output_key: str) -> None:
+    """Make ``usage`` (a provider's usage object, changed in place) tell ``plan``'s lie."""
+    if plan.lie is None:
+        return
+    count, value = LIES[plan.lie]
+    usage[output_key if count == "output" else input_key] = value
+
 
 def per_piece(shape: Shape) -> int:
     """Tokens billed for one output piece: a spoken word bills its audio too."""
@@ -218,6 +240,9 @@ class Plan:
     # Anthropic mode: after this many steps the stream stalls, sending nothing until the
     # client leaves (`[mock:stall_after=N]`).
     stall_after: int | None = None
+    lie: int | None = None  # the usage report lies (`LIES`)
+    redirect: int | None = None  # answer this 3xx instead (`REDIRECTS`)
+    set_cookie: bool = False  # the reply sets a cookie (`[mock:set_cookie=1]`)
 
     @property
     def reasoning_tokens(self) -> int:
@@ -323,6 +348,11 @@ def make_plan(
     if cap is not None:
         hidden, reasoning, content, cut = _fit(cap, hidden, reasoning, content, per_piece(shape))
         finish = "length" if cut else finish
+    lie, redirect = knobs.get("lie"), knobs.get("redirect")
+    if lie is not None and int(lie) not in LIES:
+        raise ValueError(f"[mock:lie={lie:g}]: the kinds are {sorted(LIES)}")
+    if redirect is not None and int(redirect) not in REDIRECTS:
+        raise ValueError(f"[mock:redirect={redirect:g}]: one of {sorted(REDIRECTS)}")
     malformed = knobs.get("malformed")
     if malformed is not None and int(malformed) not in MALFORMED_KINDS:
         raise ValueError(f"[mock:malformed={malformed:g}]: the kinds are {MALFORMED_KINDS}")
@@ -356,4 +386,7 @@ def make_plan(
         cache_write=int(knobs.get("cache_write", 0)),
         summarize=max(1, int(knobs.get("summarize", 1))),
         stall_after=None if stall_after is None else int(stall_after),
+        lie=None if lie is None else int(lie),
+        redirect=None if redirect is None else int(redirect),
+        set_cookie=bool(knobs.get("set_cookie")),
     )

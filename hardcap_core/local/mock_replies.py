@@ -33,6 +33,7 @@ from hardcap_core.local.mock_plan import (
     USAGE_NOT_OBJECT,
     ChatRequest,
     Plan,
+    lie_about,
 )
 from hardcap_core.local.mock_truth import Account
 
@@ -111,6 +112,7 @@ def usage(plan: Plan) -> dict[str, Any]:
     if plan.cache_read:
         # OpenAI counts cached tokens inside prompt_tokens: at most the whole prompt.
         out["prompt_tokens_details"] = {"cached_tokens": min(plan.cache_read, plan.prompt_tokens)}
+    lie_about(plan, out, input_key="prompt_tokens", output_key="completion_tokens")
     return out
 
 

@@ -47,6 +47,14 @@ Test directives in the last user message, `[mock:name=value]`, each value a numb
   mangled the same way (1: bad bytes in the content, 2: `choices: [null]`, 3: the body is
   `{"error": "boom"}`, 4: `usage: 5`, 5: a body that is not JSON, 6: the reply in an array),
   with status 200 and every token billed.
+- `lie=K`: the usage report lies, what is generated and billed stays the truth (K, from
+  `mock_plan.LIES`): 1 `completion_tokens` 9,007,199,254,740,993, 2 -1,000,000,000,
+  3 2^63-1; 4 `prompt_tokens` 9,007,199,254,740,993, 5 -1,000,000,000 (Anthropic mode:
+  `output_tokens` and `input_tokens`, in message_start and message_delta alike).
+- `redirect=N` (301, 302, 303, 307, 308): a redirect instead of an answer, nothing generated
+  or billed: a 302 (and 301, 303) whose body is a whole completion, a 307 (308) with none.
+- `set_cookie=1`: the reply sets a cookie (`mock_session=<tenant>`). `GET /mock/cookies`: the
+  Cookie header of each chat request received (null: none), oldest first.
 - `thinking=N`: N reasoning tokens first, whatever the model (Anthropic mode: thinking
   blocks). `tool_use=1`: a tool call of the first tool (else one named "lookup") even with
   no cue in the prompt.
@@ -78,6 +86,7 @@ import asyncio
 import dataclasses
 import random
 import zlib
+from collections import deque
 from collections.abc import AsyncGenerator
 
 from pydantic import ValidationError
@@ -165,9 +174,23 @@ async def _complete(
     return Response(body, media_type="application/json")
 
 
+def _redirect(req: ChatRequest, plan: Plan) -> Response:
+    """A redirect instead of an answer (`[mock:redirect=N]`), nothing generated or billed: a
+    302 (or any but 307 and 308) whose body is a whole completion, which a client that reads a
+    3xx as a reply takes for one; a 307 or 308 with no body."""
+    headers = {"location": "/v1/elsewhere/chat/completions"}
+    status = plan.redirect or 302
+    if status in (307, 308):
+        return Response(b"", status_code=status, headers=headers)
+    body = reply_body(req, plan)
+    return Response(body, status_code=status, headers=headers, media_type="application/json")
+
+
 def create_mock_app(settings: MockSettings) -> Starlette:
     """The mock upstream as an ASGI app. Its `GroundTruth` is at `app.state.ground_truth`."""
     truth = GroundTruth()
+    # The Cookie header of each chat request, in order (None: none), for `GET /mock/cookies`.
+    cookies: deque[str | None] = deque(maxlen=1000)
     faults = Faults()
     prompt_cache = PromptCache()
     rng = random.Random(settings.seed)
@@ -196,6 +219,9 @@ def create_mock_app(settings: MockSettings) -> Starlette:
         except ValueError as exc:
             return _error(400, str(exc))
         plan = apply_fault(plan, faults.active())
+        cookies.append(request.headers.get("cookie"))
+        if plan.redirect is not None:
+            return _redirect(req, plan)
         request_id = (req.metadata or {}).get("hardcap_bench_id")
         refused = plan.hang or plan.status >= 400
         account = truth.receive(req.tenant(), plan.prompt_tokens, request_id, refused=refused)
@@ -204,13 +230,20 @@ def create_mock_app(settings: MockSettings) -> Starlette:
                 return await hang(request)
             message = f"injected error ([mock:status={plan.status}])"
             return _error(plan.status, message, retry_headers(plan.retry_after))
+        response: Response
         if req.stream:
             body = stream_events(req, plan, account, settings.first_token_ms)
             if plan.gzip:
                 encoding = {"content-encoding": "gzip"}
-                return CuttableStreamingResponse(_gzipped(body), account, encoding)
-            return CuttableStreamingResponse(body, account)
-        return await _complete(req, plan, account, settings.first_token_ms)
+                response = CuttableStreamingResponse(_gzipped(body), account, encoding)
+            else:
+                response = CuttableStreamingResponse(body, account)
+        else:
+            response = await _complete(req, plan, account, settings.first_token_ms)
+        if plan.set_cookie:
+            # As a provider's load balancer pins a client: one session per tenant.
+            response.set_cookie("mock_session", req.tenant(), max_age=3600)
+        return response
 
     async def ground_truth(_: Request) -> Response:
         return JSONResponse(truth.as_json())
@@ -225,7 +258,11 @@ def create_mock_app(settings: MockSettings) -> Starlette:
         truth.reset()
         faults.set(None)
         prompt_cache.clear()
+        cookies.clear()
         return JSONResponse({"ok": True})
+
+    async def shown_cookies(_: Request) -> Response:
+        return JSONResponse(list(cookies))
 
     async def set_fault(request: Request) -> Response:
         try:
@@ -258,6 +295,7 @@ def create_mock_app(settings: MockSettings) -> Starlette:
             Route("/mock/reset", reset, methods=["POST"]),
             Route("/mock/fault", set_fault, methods=["POST"]),
             Route("/mock/fault", show_fault, methods=["GET"]),
+            Route("/mock/cookies", shown_cookies, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
         ]
     )

@@ -13,7 +13,16 @@ policy, and it is the one place where aiohttp's errors become :class:`~.transpor
 - a POST is never sent twice: aiohttp retries only idempotent methods, and a connection that
   fails after the request was written fails the request (:class:`~.transport.ConnectionLost`;
   the fallback chain may try another target, which is a new request the client asked for);
-- ``1xx`` replies are skipped; ``101`` or a status outside 100-599 is :class:`BadResponse`;
+- ``1xx`` replies are skipped, at most :data:`~.transport.MAX_INFORMATIONAL` of them before a
+  reply (past that, :class:`BadResponse`: :class:`_Handler`); ``101`` or a status outside
+  100-599 is :class:`BadResponse`;
+- a stream's head (its status line, headers and any 1xx before them) has a deadline of its
+  own, ``head_timeout_s``: each 1xx restarts aiohttp's per-read timeout, so without one a
+  ``103`` every 0.5 s held a request open for as long as the upstream liked;
+- no cookie jar: a ``Set-Cookie`` in one tenant's reply is never sent with the next request,
+  anyone's (aiohttp's default jar keeps cookies per session, and the session is the process's);
+- no redirect is followed (``allow_redirects=False``): a 3xx reaches
+  :mod:`~hardcap_core.providers.http` as its status, which makes it the provider's failure;
 - response headers are bounded (:data:`~.transport.MAX_HEADER_LINE_BYTES`,
   :data:`~.transport.MAX_HEADER_FIELD_BYTES`, :data:`~.transport.MAX_HEADERS`);
 - a whole reply (:meth:`AiohttpTransport.send`) has one deadline, ``timeout_s``, and at most
@@ -27,6 +36,8 @@ policy, and it is the one place where aiohttp's errors become :class:`~.transpor
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import ssl
 import urllib.request
@@ -37,13 +48,16 @@ from urllib.parse import unquote, urlsplit
 
 import aiohttp
 from aiohttp import client_exceptions as ce
-from aiohttp.http_exceptions import ContentLengthError, TransferEncodingError
+from aiohttp.client_proto import ResponseHandler
+from aiohttp.http_exceptions import ContentLengthError, HttpProcessingError, TransferEncodingError
+from aiohttp.streams import StreamReader
 
 from hardcap_core.providers.transport import (
     CONNECT_TIMEOUT_S,
     MAX_HEADER_FIELD_BYTES,
     MAX_HEADER_LINE_BYTES,
     MAX_HEADERS,
+    MAX_INFORMATIONAL,
     MAX_REPLY_BYTES,
     BadResponse,
     ConnectFailed,
@@ -65,13 +79,46 @@ DEFAULT_HEADERS = {"user-agent": "hardcap", "accept-encoding": "identity"}
 DECODED = frozenset({"", "identity", "gzip", "deflate"})
 
 
+class _Handler(ResponseHandler):
+    """aiohttp's protocol for one connection, refusing a flood of informational replies.
+
+    aiohttp's response loop (``ClientResponse.start``) skips 1xx replies for as long as they
+    come, and the protocol queues every parsed one until that loop takes it: a flood of
+    ``100 Continue`` grew a gateway by 145 MiB. Past :data:`MAX_INFORMATIONAL` in a row, the
+    connection is closed and the waiting request gets a parse error (a BadResponse)."""
+
+    _informational = 0  # 1xx replies since the last final one
+
+    def feed_data(self, data: tuple[Any, StreamReader], size: int = 0) -> None:
+        code = data[0].code
+        if 100 <= code <= 199 and code != 101:
+            self._informational += 1
+            if self._informational > MAX_INFORMATIONAL:
+                if self.exception() is None:
+                    message = f"more than {MAX_INFORMATIONAL} informational (1xx) replies"
+                    self.set_exception(HttpProcessingError(message=message))
+                    if self.transport is not None:
+                        self.transport.close()
+                return  # not queued: nothing more of this connection is read
+        else:
+            self._informational = 0
+        super().feed_data(data, size)
+
+
 class _Connector(aiohttp.TCPConnector):
-    """A TCP connector that never hands out a pooled connection holding unread bytes.
+    """A TCP connector that never hands out a pooled connection holding unread bytes, and
+    whose connections refuse a flood of 1xx replies (:class:`_Handler`).
 
     Bytes that arrive on an idle connection (a reply to nothing, a late tail of the last reply)
     are parsed by aiohttp as the next reply and would be given to the next request on it: the
     next tenant's. aiohttp checks only that the socket is open; this checks that it is quiet.
     """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # aiohttp makes each connection's protocol with this factory (TLS ones included);
+        # mypy holds partial invariant, though a _Handler is a ResponseHandler.
+        self._factory = functools.partial(_Handler, loop=self._loop)  # type: ignore[assignment]
 
     async def _get(self, key: Any, traces: Any) -> Any:
         while True:
@@ -122,6 +169,8 @@ class AiohttpTransport:
             session = self._session = aiohttp.ClientSession(
                 connector=connector,
                 trust_env=False,  # proxies are read once (_Proxies); aiohttp would per request
+                # One jar for the process would carry one tenant's cookies to the next request.
+                cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=True,
                 skip_auto_headers=("User-Agent", "Accept-Encoding"),
                 max_line_size=MAX_HEADER_LINE_BYTES,
@@ -158,9 +207,13 @@ class AiohttpTransport:
     @asynccontextmanager
     async def stream(self, request: UpstreamRequest) -> AsyncIterator[StreamReply]:
         timeout = aiohttp.ClientTimeout(sock_read=request.timeout_s, connect=self.connect_timeout_s)
+        head_s = request.timeout_s if request.head_timeout_s is None else request.head_timeout_s
         try:
             opened = self._request(request, timeout)
-            response = await opened.__aenter__()
+            # The whole head by one deadline: every byte of it (a 1xx, a status line sent a
+            # byte at a time) restarts aiohttp's per-read timeout.
+            async with asyncio.timeout(min(head_s, request.timeout_s)):
+                response = await opened.__aenter__()
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
             raise _translate(e) from e
         try:

@@ -79,4 +79,5 @@ class AnthropicMessages:
         if key:
             headers["x-api-key"] = key
         url = route.upstream.base_url.rstrip("/") + "/messages"
-        return post(url, headers, body, route.upstream.timeout_seconds)
+        u = route.upstream
+        return post(url, headers, body, u.timeout_seconds, u.head_timeout_seconds)

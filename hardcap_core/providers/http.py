@@ -78,7 +78,8 @@ def stream_error(e: TransportError) -> GatewayError:
 
 
 def status_error(upstream: str, status: int, content: bytes) -> GatewayError:
-    """The error a client gets for a provider's error status."""
+    """The error a client gets for a provider's error status: a 4xx it can act on is passed
+    on, anything else (a 5xx, a 3xx: nothing is followed) is the provider's failure, 502."""
     message = f"The provider for '{upstream}' answered {status}."
     try:
         detail = json.loads(content).get("error", {}).get("message")
@@ -92,9 +93,18 @@ def status_error(upstream: str, status: int, content: bytes) -> GatewayError:
     return cls(message, code=code)
 
 
-def post(url: str, headers: Mapping[str, str], body: Any, timeout_s: float) -> UpstreamRequest:
-    """A JSON POST; ``timeout_s`` bounds each wait for the provider's next bytes."""
-    return UpstreamRequest(url, headers, json_codec.dumps(body), timeout_s)
+def post(
+    url: str,
+    headers: Mapping[str, str],
+    body: Any,
+    timeout_s: float,
+    head_timeout_s: float | None = None,
+) -> UpstreamRequest:
+    """A JSON POST; ``timeout_s`` bounds each wait for the provider's next bytes (a whole
+    reply: all of it), ``head_timeout_s`` the wait for a stream's status and headers."""
+    return UpstreamRequest(
+        url, headers, json_codec.dumps(body), timeout_s, head_timeout_s=head_timeout_s
+    )
 
 
 async def send_json(transport: Transport, request: UpstreamRequest, route: str) -> dict[str, Any]:
@@ -111,7 +121,9 @@ async def send_json(transport: Transport, request: UpstreamRequest, route: str) 
                 f"The provider for '{route}' began its reply but did not deliver it whole."
             ) from e
         raise transport_error(route, e) from e
-    if reply.status >= 400:
+    if not 200 <= reply.status < 300:
+        # A 3xx too: the provider's API never redirects a POST, and one followed could send
+        # the request (its key) elsewhere; nothing is followed, the body is not a reply.
         raise status_error(route, reply.status, reply.body)
     try:
         data = json_codec.loads(reply.body)
@@ -139,7 +151,7 @@ async def open_sse(
         raise transport_error(route, e) from e
     reads = _sse_reads(response, decode)
     try:
-        if response.status >= 400:
+        if not 200 <= response.status < 300:  # a 3xx is an error too (send_json)
             try:
                 content = await response.aread()
             except TransportError:

@@ -164,7 +164,8 @@ class OpenAICompatible:
         if key:
             headers["authorization"] = f"Bearer {key}"
         url = route.upstream.base_url.rstrip("/") + path
-        return post(url, headers, body, route.upstream.timeout_seconds)
+        u = route.upstream
+        return post(url, headers, body, u.timeout_seconds, u.head_timeout_seconds)
 
     # -- stream decoding ------------------------------------------------------------------------
 

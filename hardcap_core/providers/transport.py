@@ -23,6 +23,10 @@ MAX_REPLY_BYTES = 32 << 20
 MAX_HEADER_LINE_BYTES = 8190
 MAX_HEADER_FIELD_BYTES = 16384
 MAX_HEADERS = 128
+# Informational (1xx) replies before the final one: a server sends one 100 Continue, and a few
+# 103 Early Hints at most. Past this many it is a flood (every one a parsed message aiohttp
+# queues while the request waits: 145 MiB in 15 s), and the reply a BadResponse.
+MAX_INFORMATIONAL = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,13 +34,15 @@ class UpstreamRequest:
     """A request to an upstream: a POST (a provider's call) or a GET (an identity provider's key
     set). ``timeout_s``: the deadline of a whole reply (:meth:`Transport.send`), or of each wait
     for a stream's next bytes (:meth:`Transport.stream`); opening the connection has its own,
-    shorter, timeout."""
+    shorter, timeout. ``head_timeout_s``: a stream's deadline for its status line and headers,
+    1xx replies included (None: ``timeout_s``); a whole reply's head is within its deadline."""
 
     url: str
     headers: Mapping[str, str]
     body: bytes
     timeout_s: float
     method: str = "POST"
+    head_timeout_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +76,9 @@ class Transport(Protocol):
         ...
 
     def stream(self, request: UpstreamRequest) -> AbstractAsyncContextManager[StreamReply]:
-        """Send ``request``; entering returns once the status and headers arrived; leaving
-        closes the connection unless the body was read to its end (then it is reused)."""
+        """Send ``request``; entering returns once the status and headers arrived (within
+        ``head_timeout_s``, else :class:`TimedOut`); leaving closes the connection unless the
+        body was read to its end (then it is reused)."""
         ...
 
     def prepare(self) -> None:

@@ -29,6 +29,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from hardcap_core.config.settings import DEFAULT_GATEWAY
 from hardcap_core.local.mock_plan import (
     ERROR_OBJECT,
+    LIES,
     MALFORMED_KINDS,
     NOT_JSON,
     USAGE_NOT_OBJECT,
@@ -446,3 +447,98 @@ def test_silent_reasoning_past_the_ttl_keeps_its_hold(
         truth = generated(mock)
         assert truth <= limit
         assert truth <= charged_output(base) <= limit
+
+
+# -- numbers and headers an upstream sends that no provider would -------------------------------
+
+LIE_IDS = {1: "output-2^53+1", 2: "output-negative", 3: "output-2^63-1", 4: "input-2^53+1",
+           5: "input-negative"}  # fmt: skip
+LIE_CAP = 50
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+@pytest.mark.parametrize("lie", sorted(LIES), ids=LIE_IDS.get)
+def test_a_provider_that_lies_about_usage_leaves_the_budget_intact(
+    gateway: Callable[..., Any],
+    sdk: Callable[[str], openai.OpenAI],
+    mock: Mock,
+    lie: int,
+    stream: bool,
+) -> None:
+    """9,007,199,254,740,993 output tokens for a cap of 50 took the tenant's day (every next
+    request 429); -1,000,000,000 charged a delivered reply nothing; 2^63-1 was a 500 and the
+    bill lost. The reply goes out; it is charged as one whose provider reported nothing: what
+    arrived, within the cap it was sent, and the input as the gateway bounded it."""
+    text = f"hi [mock:lie={lie}] [mock:tokens=20]"
+    with gateway() as base:
+        client = sdk(base)
+        messages: Any = [{"role": "user", "content": text}]
+        if stream:
+            replies = client.chat.completions.create(
+                model="small", messages=messages, user="beta", max_tokens=LIE_CAP,
+                stream=True, stream_options={"include_usage": True},
+            )  # fmt: skip
+            chunks = list(replies)
+            usage = chunks[-1].usage
+        else:
+            reply = client.chat.completions.create(
+                model="small", messages=messages, user="beta", max_tokens=LIE_CAP
+            )
+            usage = reply.usage
+        truth = generated(mock)
+        assert truth == 20
+        charged = charged_output(base)
+        assert truth <= charged <= LIE_CAP  # never the lie, never past the hold
+        assert usage is not None
+        assert (usage.completion_tokens, usage.prompt_tokens > 0) == (charged, True)
+        assert usage.prompt_tokens < 1000  # the gateway's bound of "hi ...", not the lie
+        # The tenant's budget is intact: the next request is served and charged as usual.
+        client.chat.completions.create(
+            model="small", messages=[{"role": "user", "content": "again [mock:tokens=5]"}],
+            user="beta", max_tokens=LIE_CAP,
+        )  # fmt: skip
+        assert charged_output(base) == charged + 5
+
+
+@pytest.mark.parametrize("status", [302, 307])
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+def test_a_redirect_is_a_502_and_costs_nothing(
+    gateway: Callable[..., Any], sdk: Callable[[str], openai.OpenAI], status: int, stream: bool
+) -> None:
+    """A 302 whose body is a completion was served as a 200; a 307 with no body was a 502
+    charged for nothing generated. Both are the provider's failure, as a 5xx is: nothing is
+    followed, nothing was generated, nothing is charged."""
+    text = f"hi [mock:redirect={status}] [mock:tokens=20]"
+    with gateway() as base:
+        client = sdk(base)
+
+        def ask() -> None:
+            reply = client.chat.completions.create(
+                model="small", messages=[{"role": "user", "content": text}], user="beta",
+                stream=stream,
+            )  # fmt: skip
+            if stream:
+                list(reply)
+
+        with pytest.raises(openai.InternalServerError) as failed:
+            ask()
+        assert failed.value.status_code == 502
+        assert f"answered {status}" in failed.value.message
+        assert charged_output(base) == 0
+
+
+def test_a_cookie_one_tenant_was_given_never_reaches_the_provider_with_another_tenant(
+    gateway: Callable[..., Any], mock: Mock
+) -> None:
+    """The provider (by its DNS name: a cookie jar keeps none for an IP address) sets a cookie
+    on alpha's reply; beta's request, and alpha's next, go without it."""
+    upstream = mock.url.replace("127.0.0.1", "localhost") + "/v1"
+    with gateway(**{"upstreams.0.base_url": upstream}) as base:
+        for key, tenant in (("alpha", "alpha"), ("beta", "beta"), ("alpha", "alpha")):
+            client = openai.OpenAI(base_url=base, api_key=KEYS[key], max_retries=0)
+            with client:
+                text = "hi [mock:set_cookie=1] [mock:tokens=3]"
+                client.chat.completions.create(
+                    model="small", user=tenant, messages=[{"role": "user", "content": text}]
+                )
+        assert mock.http.get("/mock/cookies").json() == [None, None, None]

@@ -15,6 +15,7 @@ or hangs on one bad upstream; a stream merged with the next request's reply.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import gzip
 import ipaddress
@@ -44,6 +45,7 @@ from hardcap_core.providers.transport import (
     MAX_HEADER_FIELD_BYTES,
     MAX_HEADER_LINE_BYTES,
     MAX_HEADERS,
+    MAX_INFORMATIONAL,
     MAX_REPLY_BYTES,
     BadResponse,
     ConnectFailed,
@@ -67,6 +69,7 @@ from tests.hostile_upstream import (
     Script,
     answer,
     chunk,
+    completion,
     gzip_bomb,
     head,
     keep_answering,
@@ -1157,6 +1160,163 @@ async def test_an_error_status_on_a_stream_is_the_providers_error(transport: Tra
             async with open_sse(transport, post(upstream, "a"), "r", no_event):
                 pass
     assert raised.value.status == 429
+
+
+# -- cookies, slow heads, 1xx floods and redirects -------------------------------------------------
+
+
+def on_localhost(upstream: HostileUpstream) -> str:
+    """The upstream's URL by a DNS name: a cookie jar keeps no cookie of an IP address, and
+    every real provider has a name."""
+    return upstream.url.replace("127.0.0.1", "localhost")
+
+
+@pytest.mark.parametrize("read", ["send", "stream"])
+async def test_a_cookie_set_in_one_tenants_reply_never_reaches_another_tenants_request(
+    transport: Transport, read: str
+) -> None:
+    """A ``Set-Cookie`` is a provider's (or a proxy's) to give a browser, not the gateway's
+    to keep: sent with the next request it would tie one tenant's requests to another's
+    (sessions, sticky routing, a load balancer's affinity)."""
+
+    async def script(conn: Connection) -> None:
+        while (request := await conn.read_request()) is not None:
+            cookie = f"set-cookie: session={request.rid}; Path=/; Max-Age=3600"
+            await conn.send(response(answer(request.rid), cookie))
+
+    async with HostileUpstream(script) as upstream:
+        base = on_localhost(upstream)
+        for rid in ("alpha-1", "beta-1", "alpha-2", "beta-2"):
+            got = await fetch(transport, post(base, rid), read)
+            assert whose(got) == rid
+    assert [r.header("cookie") for r in upstream.requests] == [None] * 4
+
+
+def slow_head(kind: str) -> Script:
+    """A head that never ends in time: a 103 every 0.1 s, or a status line a byte at a time
+    (each byte restarts a per-read timeout), for 20 s, then the reply."""
+
+    async def script(conn: Connection) -> None:
+        request = await conn.read_request()
+        assert request is not None
+        if kind == "103-every-0.1s":
+            for _ in range(200):
+                await conn.send(EARLY_HINTS)
+                await asyncio.sleep(0.1)
+        else:
+            await conn.dribble(b"HTTP/1.1 200 OK\r\nx-slow: " + b"y" * 200, 0.1)
+        await conn.send(response(answer(request.rid)))
+
+    return script
+
+
+@pytest.mark.parametrize("kind", ["103-every-0.1s", "status-line-a-byte-at-a-time"])
+async def test_a_streams_head_that_never_ends_times_out_at_the_head_deadline(
+    transport: Transport, kind: str
+) -> None:
+    async with HostileUpstream(slow_head(kind)) as upstream:
+        request = dataclasses.replace(post(upstream, "a", timeout_s=5.0), head_timeout_s=0.5)
+        with pytest.raises(TimedOut):
+            async with transport.stream(request):
+                pass
+        # Through the provider path: a 504, nothing began (nothing is charged).
+        with pytest.raises(UpstreamTimeout):
+            await drain_sse(transport, request)
+
+
+async def test_a_head_within_its_deadline_is_read(transport: Transport) -> None:
+    async def script(conn: Connection) -> None:
+        while (request := await conn.read_request()) is not None:
+            for _ in range(3):
+                await conn.send(EARLY_HINTS)
+                await asyncio.sleep(0.05)
+            await conn.send(response(answer(request.rid)))
+
+    async with HostileUpstream(script) as upstream:
+        request = dataclasses.replace(post(upstream, "a"), head_timeout_s=2.0)
+        got = await read_stream(transport, request)
+    assert whose(got) == "a"
+
+
+@pytest.mark.parametrize("interim", [CONTINUE, EARLY_HINTS], ids=["100", "103"])
+@pytest.mark.parametrize("read", ["send", "stream"])
+async def test_a_flood_of_1xx_replies_is_a_bad_response_before_much_is_read(
+    transports: Callable[[], Transport], interim: bytes, read: str
+) -> None:
+    """Each 1xx is a parsed message aiohttp queues while the request waits: a flood of them
+    held a request 15 s and grew the gateway by 145 MiB. Past MAX_INFORMATIONAL the reply is
+    refused and the connection closed; the other tenant on the origin is served."""
+    transport = transports()
+    sent: list[int] = []
+
+    async def flooding(conn: Connection) -> None:
+        assert await conn.read_request() is not None
+        sent.append(await conn.flood(interim * 512, limit=256 << 20))
+
+    async with HostileUpstream(per_connection(flooding, then=keep_answering(
+        lambda r: response(answer(r.rid))
+    ))) as upstream:  # fmt: skip
+        with pytest.raises(BadResponse, match="informational"):
+            await fetch(transport, post(upstream, "alpha", timeout_s=30.0), read)
+        got = await fetch(transport, post(upstream, "beta"), read)
+    assert whose(got) == "beta"
+    # Stopped reading after a few of the upstream's writes, far from its 256 MiB.
+    assert sent and sent[0] < 16 << 20
+
+
+@pytest.mark.parametrize("read", ["send", "stream"])
+async def test_as_many_1xx_replies_as_allowed_are_skipped(transport: Transport, read: str) -> None:
+    async def script(conn: Connection) -> None:
+        while (request := await conn.read_request()) is not None:
+            await conn.send(CONTINUE + EARLY_HINTS * (MAX_INFORMATIONAL - 1))
+            await conn.send(response(answer(request.rid)))
+
+    async with HostileUpstream(script) as upstream:
+        for rid in ("alpha", "beta"):  # the count starts again with each reply
+            got = await fetch(transport, post(upstream, rid), read)
+            assert whose(got) == rid
+
+
+REDIRECTS = {
+    "302-with-a-completion": lambda r, there: response(
+        completion(r.rid), f"location: {there}/v1/chat", status="302 Found"
+    ),
+    "307-without-a-body": lambda r, there: head(
+        f"location: {there}/v1/chat", "content-length: 0", status="307 Temporary Redirect"
+    ),
+}
+
+
+@pytest.mark.parametrize("way", list(REDIRECTS))
+@pytest.mark.parametrize("read", ["send", "stream"])
+async def test_a_redirect_is_not_followed_and_is_the_providers_failure(
+    transport: Transport, way: str, read: str
+) -> None:
+    """A provider's API never redirects a POST; one followed would send the request, and its
+    key, wherever the Location says. The transport hands back the 3xx as it came (nothing is
+    followed); the provider path makes it a 502, like a 5xx: no reply, so nothing generated."""
+
+    async def elsewhere_script(conn: Connection) -> None:
+        while (request := await conn.read_request()) is not None:
+            await conn.send(response(completion(request.rid)))
+
+    async with HostileUpstream(elsewhere_script) as elsewhere:
+
+        async def script(conn: Connection) -> None:
+            while (request := await conn.read_request()) is not None:
+                await conn.send(REDIRECTS[way](request, elsewhere.url))
+
+        async with HostileUpstream(script) as upstream:
+            got = await fetch(transport, post(upstream, "a"), read)
+            assert got.status in (302, 307)
+            provider_path = (
+                send_json(transport, post(upstream, "b"), "r")
+                if read == "send"
+                else drain_sse(transport, post(upstream, "b"))
+            )
+            with pytest.raises(UpstreamFailed, match="answered 30"):
+                await provider_path
+    assert elsewhere.requests == []
 
 
 # -- proxies from the environment ------------------------------------------------------------------
