@@ -181,6 +181,16 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         quick=False,
     ),
     Benchmark(
+        "tool_counts",
+        "budget",
+        "tool_counts",
+        "tool definitions, tool calls and results counted against what the provider bills, "
+        "per group and encoding",
+        ("hardcap_core/wire", "hardcap_core/tokenize", "hardcap_core/local/mock_billing.py"),
+        (Result("tool-counts.json", "", "docs/design.md (tools)"),),
+        quick=False,
+    ),
+    Benchmark(
         "live_config_propagation",
         "budget",
         "live_config_propagation",
