@@ -86,6 +86,7 @@ class Route:
     tokenizer: str = "bound"
     exact_count: str = "when_needed"
     count_api: bool = False
+    trace_content: bool = False  # prompts and completions in its traces (docs/tracing.md)
     # Its own limits over every tenant, then its upstream's; None: neither has any.
     shared: SharedLimits | None = None
 

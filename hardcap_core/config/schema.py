@@ -37,6 +37,7 @@ from hardcap_core.config.settings import (
     EstimatorSettings,
     GatewaySettings,
     UnseenOutput,
+    check_otlp_endpoint,
 )
 
 # BreakerSettings and check_redis_url re-exported: they were defined here (ledger/breakers.py).
@@ -108,12 +109,18 @@ class GatewayConfig(_Model):
     extend_headroom_tokens: NonNegInt = _G.extend_headroom_tokens
     lease_max_depth: PosInt = _G.lease_max_depth
     lease_max_ttl_seconds: PosFloat = _G.lease_max_ttl_seconds
+    otlp_endpoint: str | None = _G.otlp_endpoint
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
 
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, v: str | None) -> str | None:
         return None if v is None else check_redis_url(v)
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_endpoint(cls, v: str | None) -> str | None:
+        return None if v is None else check_otlp_endpoint(v)
 
     def settings(self) -> GatewaySettings:
         fields = {name: getattr(self, name) for name in GatewaySettings.__dataclass_fields__}
@@ -333,6 +340,9 @@ class RouteConfig(_Model):
     # tokenizer anthropic on an anthropic upstream: ask its count_tokens endpoint (a short
     # timeout; the calibrated bound when it does not answer in time).
     count_api: bool = False
+    # Put the prompt and the completion in the request's trace (gen_ai.input.messages,
+    # gen_ai.output.messages: docs/tracing.md); off, a trace holds no text of either.
+    trace_content: bool = False
     # Limits on this route over every tenant (checked with each tenant's own in one admit).
     budgets: list[BudgetConfig] = []
     rate_limits: RateLimitConfig | None = None

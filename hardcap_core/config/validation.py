@@ -88,6 +88,7 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
             r.queue_wait_seconds, unseen_output=r.unseen(upstreams[r.upstream].kind),
             max_pdf_pages=r.max_pdf_pages,
             tokenizer=r.counted_by(), exact_count=r.exact_count, count_api=r.count_api,
+            trace_content=r.trace_content,
             shared=_route_shared(r, upstreams[r.upstream]),
         )  # fmt: skip
     orgs = {o.id: o for o in file.orgs}
