@@ -14,10 +14,12 @@ import gzip
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+import yaml
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -26,6 +28,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from hardcap_core.local.mock_upstream import MockSettings
+from hardcap_core.local.stack import start_gateway
 from hardcap_core.local.valkey import LocalValkey
 from tests.stack import KEYS, Mock, config_data, gateway_thread
 
@@ -268,3 +271,30 @@ def test_no_prompt_or_completion_is_in_a_span_unless_the_route_opts_in(
     assert SECRET in root["gen_ai.input.messages"]
     reply = answers["content"].choices[0].message.content
     assert reply and reply in root["gen_ai.output.messages"]
+
+
+def test_hardcap_serve_otlp_exports_each_request(
+    mock: Mock, valkey: LocalValkey, tmp_path: Path
+) -> None:
+    """``hardcap serve --otlp URL``, the local way to see traces: a request's spans reach the
+    collector by the time the gateway has shut down (SIGTERM, as Ctrl-C)."""
+    receiver = Receiver()
+    try:
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml.safe_dump(config_data(mock.url, valkey.url)))
+        service = start_gateway(path, tmp_path, options=["--otlp", receiver.url])
+        try:
+            client = openai.OpenAI(base_url=f"{service.url}/v1", api_key=KEYS["beta"])
+            trace_id, parent = CLIENT["completed"]
+            client.chat.completions.create(
+                model="small", messages=[{"role": "user", "content": "hi [mock:tokens=2]"}],
+                max_tokens=5, extra_headers={"traceparent": f"00-{trace_id}-{parent}-01"},
+            )  # fmt: skip
+            client.close()
+        finally:
+            service.stop()
+        (root,) = [s for s in receiver.of_trace(trace_id) if s.kind == Span.SPAN_KIND_SERVER]
+        assert attributes(root)["hardcap.tenant"] == "beta"
+        assert "traces to" in service.log.read_text()
+    finally:
+        receiver.stop()
