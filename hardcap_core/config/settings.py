@@ -135,8 +135,13 @@ def env_overrides(gateway: GatewaySettings, environ: Mapping[str, str]) -> Gatew
 
 def otlp_endpoint(environ: Mapping[str, str]) -> str | None:
     """The OTLP endpoint the environment names, ours first, then the SDK's (traces' first)."""
-    for name in (env.OTLP_ENDPOINT, env.OTEL_TRACES_ENDPOINT, env.OTEL_ENDPOINT):
-        if value := environ.get(name, "").strip():
+    named = (
+        (env.OTLP_ENDPOINT, environ.get(env.OTLP_ENDPOINT, "")),
+        (env.OTEL_TRACES_ENDPOINT, environ.get(env.OTEL_TRACES_ENDPOINT, "")),
+        (env.OTEL_ENDPOINT, environ.get(env.OTEL_ENDPOINT, "")),
+    )
+    for name, value in named:
+        if value := value.strip():
             try:
                 return check_otlp_endpoint(value)
             except ValueError as exc:
