@@ -262,7 +262,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         (
             Result(
                 "tracing-cost.json",
-                "--rounds 4 --requests 300 --stream-tokens 20 "
+                "--rounds 6 --requests 800 --stream-tokens 20 "
                 "--out bench/results/tracing-cost.json",
                 "docs/benchmarks.md (tracing); docs/tracing.md",
             ),
