@@ -440,7 +440,7 @@ class Meter:
             queue_wait_ms=self.queue_wait_s * 1000, context=context,
         )  # fmt: skip
         if self.trace is not None:  # the settle line's fields, read once for the trace too
-            await self.trace.settled(span, self, context)
+            await self.trace.settled(span, outcome, self.served, context, estimated=self.estimated)
 
     async def _settle_reserved(self, note: SettleNote) -> None:
         reservation = self._held()

@@ -30,7 +30,7 @@ import json
 import os
 from collections.abc import Mapping
 from contextvars import Token
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 from opentelemetry import trace
@@ -47,9 +47,6 @@ from hardcap_core.errors import GatewayError
 from hardcap_core.ledger import Admitted, Refused
 from hardcap_core.outcome import Outcome
 from hardcap_core.providers.http import TRACE_HEADERS
-
-if TYPE_CHECKING:
-    from hardcap_core.gateway.meter import Meter
 
 TRACES_PATH = "/v1/traces"  # where an OTLP/HTTP receiver takes spans, under its base URL
 # How long a Lambda invocation waits for its spans to be exported before its last byte.
@@ -239,24 +236,33 @@ class RequestTrace:
         """The settle: the settle script (with its retries) and the estimator's sample."""
         return Child(self._child("hardcap.settle", SpanKind.INTERNAL, {"db.system.name": "valkey"}))
 
-    async def settled(self, span: Child | None, meter: Meter, context: Mapping[str, Any]) -> None:
-        """The request was charged: ``context`` is its settle line's (gateway/metrics.py)."""
-        outcome = meter.outcome or Outcome.GATEWAY_ERROR
+    async def settled(
+        self,
+        span: Child | None,
+        outcome: Outcome,
+        served: Route | None,
+        context: Mapping[str, Any],
+        *,
+        estimated: bool,
+    ) -> None:
+        """The request was charged, ending as ``outcome``, served by ``served`` (the target
+        tried last), by Hardcap's estimate if ``estimated``: ``context`` is its settle line's
+        (gateway/metrics.py), whose fields the span reads."""
         finish = "length" if outcome.cut else self._finish
         attributes: dict[str, Any] = {
             "hardcap.outcome": outcome_class(outcome), "hardcap.settle.outcome": outcome.value,
             "hardcap.charged.input_tokens": context["input_tokens"],
             "hardcap.charged.output_tokens": context["output_tokens"],
             "hardcap.cost_usd": context["cost_nusd"] / 1e9,
-            "hardcap.estimated": meter.estimated,
+            "hardcap.estimated": estimated,
             "hardcap.expiry_charged": context["expiry_charged"],
             "hardcap.queue_wait_ms": context["queue_wait_ms"],
             "gen_ai.usage.input_tokens": context["input_tokens"],
             "gen_ai.usage.output_tokens": context["output_tokens"],
         }  # fmt: skip
-        if meter.served is not None:
-            attributes["gen_ai.response.model"] = meter.served.model
-            attributes["hardcap.upstream"] = meter.served.upstream.name
+        if served is not None:
+            attributes["gen_ai.response.model"] = served.model
+            attributes["hardcap.upstream"] = served.upstream.name
         if finish:
             attributes["gen_ai.response.finish_reasons"] = [finish]
         if span is not None:
