@@ -276,6 +276,21 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ),
     ),
     Benchmark(
+        "tracing_cost",
+        "speed",
+        "tracing_cost",
+        "gateway CPU per request with tracing off against the tree before it, and with it on",
+        (*REQUEST_PATH, "hardcap_core/config"),
+        (
+            Result(
+                "tracing-cost.json",
+                "--rounds 6 --requests 800 --stream-tokens 20 "
+                "--out bench/results/tracing-cost.json",
+                "docs/benchmarks.md (tracing); docs/tracing.md",
+            ),
+        ),
+    ),
+    Benchmark(
         "lambda_share",
         "speed",
         "lambda_share",

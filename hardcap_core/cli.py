@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hardcap_core import env
-from hardcap_core.config.settings import ROLLUP_INTERVAL_SECONDS
+from hardcap_core.config.settings import ROLLUP_INTERVAL_SECONDS, check_otlp_endpoint
 from hardcap_core.local.admin_command import ADMIN_TOKEN
 from hardcap_core.local.notify_local import NOTIFY_URL_ENV
 from hardcap_core.local.servers import UVICORN_OPTIONS, Terminated, stop_on_sigterm
@@ -70,6 +70,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="SECONDS",
         help="seconds from the start of one rollup pass to the next (default "
         f"{ROLLUP_INTERVAL_SECONDS:g})",
+    )
+    serve.add_argument(
+        "--otlp",
+        type=_otlp_url,
+        metavar="URL",
+        help=f"export a trace of every chat request over OTLP/HTTP to this collector (its base "
+        f"URL, e.g. http://127.0.0.1:4318, or its /v1/traces URL; or ${env.OTLP_ENDPOINT})",
     )
     serve.add_argument(
         "--admin-token",
@@ -123,7 +130,7 @@ def _run(ns: argparse.Namespace) -> int:
     if ns.command == "serve":
         return serve_command(
             ns.config, ns.host, ns.port, rollup=ns.rollup, rollup_interval_s=ns.rollup_interval,
-            admin_token=ns.admin_token, notify_url=ns.notify_url,
+            admin_token=ns.admin_token, notify_url=ns.notify_url, otlp=ns.otlp,
         )  # fmt: skip
     if ns.command == "admin":
         from hardcap_core.local.admin_command import admin_command
@@ -221,10 +228,12 @@ def serve_command(
     rollup_interval_s: float = ROLLUP_INTERVAL_SECONDS,
     admin_token: str | None = None,
     notify_url: str | None = None,
+    otlp: str | None = None,
 ) -> int:
     """``hardcap serve``: the gateway under uvicorn until Ctrl-C or SIGTERM, with the rollup
     on a timer unless ``rollup`` is false (printing threshold notifications, and posting them
-    to ``notify_url``), and the admin API when ``admin_token`` is given."""
+    to ``notify_url``), the admin API when ``admin_token`` is given, and its traces exported
+    to ``otlp`` when given."""
     import uvicorn
 
     from hardcap_core.config import load_config
@@ -232,6 +241,8 @@ def serve_command(
     from hardcap_core.gateway.app import create_app
 
     server = aws = timer = None
+    if otlp:  # the argument over the environment and the file, as every setting
+        os.environ[env.OTLP_ENDPOINT] = otlp
     try:
         server = embedded_valkey_if_needed(config_path)
         # Before the app: the gateway reads the usage table's name from the environment.
@@ -254,6 +265,8 @@ def serve_command(
             if rollup
             else None
         )
+        if config.gateway.otlp_endpoint:
+            print(f"hardcap: traces to {config.gateway.otlp_endpoint} (OTLP/HTTP)", flush=True)
         print(f"hardcap: serving {config_path} on http://{host}:{port}/v1", flush=True)
         # Returns after a graceful shutdown on Ctrl-C or SIGTERM: uvicorn raises the signal
         # again once it is done, and both handlers raise a KeyboardInterrupt, which it catches.
@@ -264,6 +277,13 @@ def serve_command(
             if started is not None:
                 started.stop()
     return 0
+
+
+def _otlp_url(text: str) -> str:
+    try:
+        return check_otlp_endpoint(text.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _admin_token(text: str) -> str:

@@ -18,3 +18,12 @@ USAGE_TABLE = "HARDCAP_USAGE_TABLE"
 # Name of the DynamoDB table of the live config: tenants, keys, budgets changed without a deploy
 # (hardcap_core/control/). Unset: the config file's tenants are the only ones.
 CONFIG_TABLE = "HARDCAP_CONFIG_TABLE"
+# Where traces go: an OTLP/HTTP endpoint (a collector's base URL, e.g. http://127.0.0.1:4318, or
+# its /v1/traces URL); overrides `gateway.otlp_endpoint`. Unset (and no OTEL_EXPORTER_OTLP_*
+# endpoint): no traces, and the OpenTelemetry SDK is never imported (docs/tracing.md).
+OTLP_ENDPOINT = "HARDCAP_OTLP_ENDPOINT"
+# The OpenTelemetry SDK's own names for the same, honoured after ours (traces' first).
+OTEL_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+OTEL_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+# "true": no traces whatever the endpoints say (the SDK's switch).
+OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"

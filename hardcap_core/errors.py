@@ -61,6 +61,9 @@ class GatewayError(HardcapError):
     status = 500
     type = "server_error"
     code: str | None = None
+    # The provider's own status, for an error made of one (providers/http.py): a trace's
+    # attempt span names it (the client gets ``status``, which may differ).
+    upstream_status: int | None = None
 
     def __init__(
         self,

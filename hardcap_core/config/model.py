@@ -99,6 +99,7 @@ class Route:
     # How its upstream model bills an image (hardcap_core/tokenize/images.py); every rule's
     # dearest unless the config says or the model's family is known.
     image_rules: tuple[ImageRule, ...] = ALL_RULES
+    trace_content: bool = False  # prompts and completions in its traces (docs/tracing.md)
     # Its own limits over every tenant, then its upstream's; None: neither has any.
     shared: SharedLimits | None = None
 

@@ -39,6 +39,7 @@ from hardcap_core.config.settings import (
     EstimatorSettings,
     GatewaySettings,
     UnseenOutput,
+    check_otlp_endpoint,
 )
 
 # BreakerSettings and check_redis_url re-exported: they were defined here (ledger/breakers.py).
@@ -113,12 +114,18 @@ class GatewayConfig(_Model):
     lease_max_ttl_seconds: PosFloat = _G.lease_max_ttl_seconds
     stored_response_ttl_seconds: PosFloat = _G.stored_response_ttl_seconds
     stored_response_max_bytes: PosInt = _G.stored_response_max_bytes
+    otlp_endpoint: str | None = _G.otlp_endpoint
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
 
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, v: str | None) -> str | None:
         return None if v is None else check_redis_url(v)
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_endpoint(cls, v: str | None) -> str | None:
+        return None if v is None else check_otlp_endpoint(v)
 
     def settings(self) -> GatewaySettings:
         fields = {name: getattr(self, name) for name in GatewaySettings.__dataclass_fields__}
@@ -385,6 +392,9 @@ class RouteConfig(_Model):
     # tile, patch, anthropic with image_costs' numbers (docs/config.md has the table).
     image_rule: Literal["auto", "tile", "patch", "anthropic"] = "auto"
     image_costs: ImageCostsConfig | None = None
+    # Put the prompt and the completion in the request's trace (gen_ai.input.messages,
+    # gen_ai.output.messages: docs/tracing.md); off, a trace holds no text of either.
+    trace_content: bool = False
     # Limits on this route over every tenant (checked with each tenant's own in one admit).
     budgets: list[BudgetConfig] = []
     rate_limits: RateLimitConfig | None = None

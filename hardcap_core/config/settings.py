@@ -115,6 +115,9 @@ class GatewaySettings:
     # served but not stored, and its reply says ``store: false``.
     stored_response_ttl_seconds: float = 2_592_000.0
     stored_response_max_bytes: int = 1_048_576
+    # An OTLP/HTTP endpoint to export a trace of every chat request to (docs/tracing.md); None:
+    # no traces (HARDCAP_OTLP_ENDPOINT or the SDK's OTEL_EXPORTER_OTLP_* variables also set it).
+    otlp_endpoint: str | None = None
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
 
 
@@ -133,7 +136,9 @@ def check_redis_url(url: str) -> str:
 
 
 def env_overrides(gateway: GatewaySettings, environ: Mapping[str, str]) -> GatewaySettings:
-    """``gateway`` with ``HARDCAP_REDIS_URL`` and ``HARDCAP_REDIS_CLUSTER`` applied."""
+    """``gateway`` with ``HARDCAP_REDIS_URL``, ``HARDCAP_REDIS_CLUSTER`` and the OTLP endpoint
+    (``HARDCAP_OTLP_ENDPOINT``, else the SDK's ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
+    ``OTEL_EXPORTER_OTLP_ENDPOINT``; none at all with ``OTEL_SDK_DISABLED=true``) applied."""
     update: dict[str, Any] = {}
     if url := environ.get(env.REDIS_URL, "").strip():
         try:
@@ -144,4 +149,32 @@ def env_overrides(gateway: GatewaySettings, environ: Mapping[str, str]) -> Gatew
         if flag not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
             raise ConfigError(f"{env.REDIS_CLUSTER}={flag!r}: use true or false")
         update["redis_cluster"] = flag in ("1", "true", "yes", "on")
+    if endpoint := otlp_endpoint(environ):
+        update["otlp_endpoint"] = endpoint
+    if environ.get(env.OTEL_SDK_DISABLED, "").strip().lower() == "true":
+        update["otlp_endpoint"] = None
     return dataclasses.replace(gateway, **update) if update else gateway
+
+
+def otlp_endpoint(environ: Mapping[str, str]) -> str | None:
+    """The OTLP endpoint the environment names, ours first, then the SDK's (traces' first)."""
+    named = (
+        (env.OTLP_ENDPOINT, environ.get(env.OTLP_ENDPOINT, "")),
+        (env.OTEL_TRACES_ENDPOINT, environ.get(env.OTEL_TRACES_ENDPOINT, "")),
+        (env.OTEL_ENDPOINT, environ.get(env.OTEL_ENDPOINT, "")),
+    )
+    for name, value in named:
+        if value := value.strip():
+            try:
+                return check_otlp_endpoint(value)
+            except ValueError as exc:
+                raise ConfigError(f"{name}: {exc}") from None
+    return None
+
+
+def check_otlp_endpoint(url: str) -> str:
+    """``url`` if it is an http(s) URL (OTLP over HTTP); ValueError otherwise."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in ("http", "https") or not rest:
+        raise ValueError(f"{url!r}: an OTLP/HTTP endpoint is an http:// or https:// URL")
+    return url

@@ -98,6 +98,7 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
                 r.model or r.name, upstreams[r.upstream].kind, r.image_rule,
                 r.image_costs.given() if r.image_costs else None,
             ),
+            trace_content=r.trace_content,
             shared=_route_shared(r, upstreams[r.upstream]),
         )  # fmt: skip
     orgs = {o.id: o for o in file.orgs}

@@ -50,7 +50,7 @@ from hardcap_core.errors import (
 from hardcap_core.gateway.loop_lag import LoopLag, on_lambda
 from hardcap_core.gateway.meter import SettleFallback
 from hardcap_core.gateway.metrics import record_request
-from hardcap_core.gateway.pipeline import Gateway
+from hardcap_core.gateway.pipeline import TRACE_SCOPE_KEY, Gateway
 from hardcap_core.gateway.request_id import RequestIdMiddleware, request_id
 from hardcap_core.gateway.shed import SHED_OUTCOME, Shedder
 from hardcap_core.ledger import Ledger
@@ -70,6 +70,7 @@ from hardcap_core.wire.openai_responses_request import parse_openai_body
 
 if TYPE_CHECKING:
     from hardcap_core.control.live import LiveConfig
+    from hardcap_core.gateway.tracing import RequestTrace, Tracing
 
 Handler = Callable[[Gateway, Request, Principal, WireFormat], Awaitable[Response]]
 OPENAI = OpenAIChat()
@@ -102,6 +103,7 @@ class Runtime:
         # and the check that refuses new chat requests while it is too late.
         self.loop_lag = LoopLag(threshold_s=config.gateway.shed_when_loop_lag_ms / 1000)
         self.shedder = Shedder(self.loop_lag)
+        self.tracing = tracing_for(config)
 
     async def warm(self) -> None:
         """Build the clients and the gateway now instead of on the first request. A failure is
@@ -179,6 +181,19 @@ class Runtime:
             await self._http_client.aclose()
         if self._ledger_client is not None:
             await self._ledger_client.aclose()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)  # what is batched goes out first
+
+
+def tracing_for(config: Config) -> Tracing | None:
+    """The process's tracing if the config names an OTLP endpoint; else None, and the
+    OpenTelemetry SDK is not imported (gateway/tracing.py)."""
+    endpoint = config.gateway.otlp_endpoint
+    if not endpoint:
+        return None
+    from hardcap_core.gateway.tracing import Tracing
+
+    return Tracing(endpoint, flush_each=on_lambda())
 
 
 def _ledger(client: Any, config: Config) -> tuple[Ledger, SettleFallback | None]:
@@ -203,6 +218,7 @@ def create_app(
     """The gateway app for ``config``; pass clients to share or inject them (tests, benchmarks);
     ``live``: tenants, keys and budgets from the config table (``HARDCAP_CONFIG_TABLE``)."""
     runtime = Runtime(config, ledger_client, http_client, live)
+    tracing = runtime.tracing
 
     def endpoint(handler: Handler, wire: WireFormat) -> Callable[[Request], Awaitable[Response]]:
         """An authenticated endpoint speaking ``wire``: errors become its error bodies here."""
@@ -214,6 +230,11 @@ def create_app(
             gateway: Gateway | None = None
             status = 500
             shed = False
+            trace: RequestTrace | None = None
+            error: GatewayError | None = None
+            if tracing is not None and handler is chat:
+                trace = tracing.begin(request.headers, request.url.path, rid)
+                request.scope[TRACE_SCOPE_KEY] = trace
             try:
                 gateway = await runtime.gateway()
                 principal = await gateway.authenticate(request)
@@ -229,7 +250,7 @@ def create_app(
                 status = CLIENT_CLOSED_REQUEST
                 return Response(status_code=status)
             except GatewayError as e:
-                status = e.status
+                status, error = e.status, e
                 shed = isinstance(e, Overloaded)
                 headers = dict(e.headers)
                 if gateway and principal and status not in (429, 503) and not headers:
@@ -247,6 +268,8 @@ def create_app(
                     _record_shed(request, rid, principal, started)
                 elif not (status == 200 and handler is chat):
                     _log_request(request, rid, status, principal, started)
+                if trace is not None and not trace.streaming:  # a stream's ends at its settle
+                    await trace.end(status, error)
 
         return serve
 

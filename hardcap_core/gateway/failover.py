@@ -20,7 +20,7 @@ import asyncio
 import enum
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from hardcap_core.budgets import LevelKind, Scope
 from hardcap_core.chat import ChatRequest
@@ -39,6 +39,9 @@ from hardcap_core.gateway.meter import Meter
 from hardcap_core.ledger.breakers import Breakers, BreakerState
 from hardcap_core.logs import logger
 from hardcap_core.providers.base import Provider
+
+if TYPE_CHECKING:  # imported only when tracing is on
+    from hardcap_core.gateway.tracing import Child
 
 T = TypeVar("T")
 # How long a stream's opening reads are held back while waiting for its first output (a model
@@ -112,6 +115,7 @@ class Targets:
         self.breakers = breakers
         self.meter = meter
         self.tenant = witness(meter.scope)
+        self.opened: Child | None = None  # the trace's span of the attempt that answered
 
     async def first(
         self,
@@ -123,7 +127,8 @@ class Targets:
         ``cap``: the output the request asks for; ``generating()``, after a failed attempt:
         whether the upstream may have been generating it when the attempt failed."""
         last: GatewayError | None = None
-        for target in self.chain:
+        trace = self.meter.trace
+        for position, target in enumerate(self.chain):
             upstream = target.upstream
             before = await self.breakers.check(upstream.name, upstream.breaker, self.tenant)
             if not before.allowed:
@@ -132,9 +137,15 @@ class Targets:
                 last = last or AllTargetsDown(f"The provider for '{target.name}' is unavailable.")
                 continue
             self.meter.serve_with(target)
+            span = None if trace is None else trace.attempt(target, position)
             try:
                 result = await attempt(target, self.providers[upstream.kind])
-            except GatewayError as e:
+            except BaseException as e:
+                if span is not None:
+                    span.detach()
+                    span.end(e)
+                if not isinstance(e, GatewayError):
+                    raise
                 if not can_fail_over(e):
                     # A bad request, or a reply the upstream generated: nothing to count.
                     await self._counts(target, before, Blame.REQUEST)
@@ -145,6 +156,10 @@ class Targets:
                                       "error": str(e)})  # fmt: skip
                 last = e
                 continue
+            if span is not None and trace is not None:
+                span.detach()
+                trace.answered(span)
+            self.opened = span  # ended when the reply or the stream ends
             await self._succeeded(target, before)
             return result
         assert last is not None, "a chain has at least one target"
@@ -167,9 +182,12 @@ class Targets:
 
     async def complete(self, chat: ChatRequest, cap: int) -> Completion:
         """A whole reply from the first target that gives one."""
-        return await self.first(
+        completion = await self.first(
             lambda route, provider: provider.complete(route, chat, cap), cap, lambda: True
         )
+        if self.opened is not None:
+            self.opened.end()
+        return completion
 
     def stream(self, chat: ChatRequest, cap: int) -> FailoverStream:
         """A stream from the first target that opens one (the relay enters it)."""
@@ -216,7 +234,12 @@ class FailoverStream:
     ) -> bool | None:
         if self._exit is None:
             return None
-        return await self._exit(kind, error, tb)
+        span, self.targets.opened = self.targets.opened, None
+        try:
+            return await self._exit(kind, error, tb)
+        finally:
+            if span is not None:
+                span.end()
 
 
 async def _until_output(reads: AsyncIterator[Read]) -> list[Read]:

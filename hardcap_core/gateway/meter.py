@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from hardcap_core.budgets import Prices, Scope
 from hardcap_core.config import Policy, Route
@@ -58,6 +58,9 @@ from hardcap_core.ledger.estimators import Estimator
 from hardcap_core.ledger.replies import SettleNote
 from hardcap_core.logs import logger
 from hardcap_core.outcome import Outcome
+
+if TYPE_CHECKING:  # imported only when tracing is on
+    from hardcap_core.gateway.tracing import RequestTrace
 
 # A failed settle is tried again after these pauses: a lost settle loses the request's usage,
 # which is worse than a reply that ends a little later.
@@ -141,6 +144,7 @@ class Meter:
         on_settled: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         tools: ToolHold = NO_TOOLS,
+        trace: RequestTrace | None = None,
     ) -> None:
         self.ledger = ledger
         self.scope = scope
@@ -200,6 +204,7 @@ class Meter:
         self._refreshed = self._clock()
         self.pace = Pace(clock)
         self.unseen = unseen  # output it may bill without streaming it (.unseen)
+        self.trace = trace  # the request's trace, while tracing is on (gateway/tracing.py)
 
     def billed_elsewhere(self, target: Route, input_tokens: int) -> None:
         """``target`` took the request (it answered 200) and failed before sending anything;
@@ -457,6 +462,7 @@ class Meter:
             model=self.served.model if self.served else "",
             provider=self.served.upstream.name if self.served else "",
         )
+        span = None if self.trace is None else self.trace.settle_span()
         began = self._clock()
         charge = self._settle_reserved(note) if self.policy.holds else self._settle_unguarded(note)
         if outcome is Outcome.COMPLETED:
@@ -467,16 +473,20 @@ class Meter:
             self._on_settled()
         added_ms = (self.admitted_in_s - self.queue_wait_s + self._clock() - began) * 1000
         m = self.meta
+        context = {
+            "route": self.route, "request_id": m.request_id, "tenant": m.tenant,
+            "key_id": m.key_id, "outcome": outcome.value,
+            "input_tokens": self.charged_input, "output_tokens": self.charged_output,
+            "expiry_charged": self.expiry_charged, "cost_nusd": self.charged_cost,
+            "queue_wait_ms": round(self.queue_wait_s * 1000),
+            **({"user": m.user} if m.user else {}),
+        }  # fmt: skip
         record_request(
             outcome=outcome.value, upstream=self.upstream, added_latency_ms=added_ms,
-            queue_wait_ms=self.queue_wait_s * 1000,
-            context={"route": self.route, "request_id": m.request_id, "tenant": m.tenant,
-                     "key_id": m.key_id, "outcome": outcome.value,
-                     "input_tokens": self.charged_input, "output_tokens": self.charged_output,
-                     "expiry_charged": self.expiry_charged, "cost_nusd": self.charged_cost,
-                     "queue_wait_ms": round(self.queue_wait_s * 1000),
-                     **({"user": m.user} if m.user else {})},
+            queue_wait_ms=self.queue_wait_s * 1000, context=context,
         )  # fmt: skip
+        if self.trace is not None:  # the settle line's fields, read once for the trace too
+            await self.trace.settled(span, outcome, self.served, context, estimated=self.estimated)
 
     async def _settle_reserved(self, note: SettleNote) -> None:
         reservation = self._held()

@@ -70,6 +70,7 @@ from hardcap_core.wire.openai_responses_request import keeper_of
 
 if TYPE_CHECKING:  # the live config is imported only where a config table is named (app.py)
     from hardcap_core.control.live import LiveConfig
+    from hardcap_core.gateway.tracing import RequestTrace  # only when tracing is on
 
 DEADLINE_MARGIN_S = 3.0  # end and settle a stream this long before Lambda's timeout
 # A request stops waiting to be admitted at least this long before Lambda's timeout, so that
@@ -82,6 +83,9 @@ LEASE_HEADER = "x-hardcap-lease"
 # How often a request reloads the config when its admit finds it stale before giving up (503):
 # only a storm of admin changes to one tenant hierarchy needs more than one.
 STALE_RETRIES = 3
+# Where a chat request's trace is kept in its ASGI scope while tracing is on (app.py puts it
+# there, gateway/tracing.py); absent: tracing is off, and that lookup is all it costs.
+TRACE_SCOPE_KEY = "hardcap.trace"
 T = TypeVar("T")
 
 
@@ -149,6 +153,7 @@ class Gateway:
     ) -> Response:
         """A chat completion in ``wire``'s format, streamed or not."""
         arrived = time.perf_counter()
+        trace: RequestTrace | None = request.scope.get(TRACE_SCOPE_KEY)
         raw = await self.read_body(request)
         if wire.dialect == OPENAI_RESPONSES:  # its previous_response_id loaded, the caller's own
             parsed: ChatRequest = await self.stored.parse(raw, principal)
@@ -167,6 +172,8 @@ class Gateway:
             max_tokens = output_cap(route, chat)  # or a 400
             tools = tool_hold(self.config, route, chat)  # or a 400 naming the tool
             chat = tools.bounded(chat)  # the provider is sent the uses held
+            if trace is not None:
+                trace.requested(chat, route, principal, max_tokens)
             meta = ReservationMeta(
                 route.name, route.model, principal.key_id, request_id, principal.tenant_id,
                 principal.org_id or "", route.upstream.name, principal.user,
@@ -207,8 +214,11 @@ class Gateway:
             deadline=None if deadline is None else deadline - DEADLINE_MARGIN_S,
             log_completion=self.config.gateway.log_prompts,
             keep=None if keeper is None else keeper.write,
+            trace_content=trace is not None and route.trace_content,
         )
         await relay.open()
+        if trace is not None:
+            await trace.streams()
         return RelayResponse(relay, admission.headers)
 
     async def usage(self, principal: Principal, wire: WireFormat) -> Response:
@@ -332,13 +342,22 @@ class Gateway:
         wait_s = principal.queue_wait_s(route, g.queue_wait_seconds)
         if deadline is not None:
             wait_s = min(wait_s, deadline - asyncio.get_running_loop().time())
-        waited = await self._ledger_call(
-            admit_in_turn(
-                admit, ledger=self.ledger, scope=principal.scope, reservation_id=rid,
-                meta=meta, wait_s=wait_s, wakeups=self.wakeups, receive=request.receive,
-            )
-        )  # fmt: skip
+        trace: RequestTrace | None = request.scope.get(TRACE_SCOPE_KEY)
+        span = None if trace is None else trace.admit_span()
+        try:
+            waited = await self._ledger_call(
+                admit_in_turn(
+                    admit, ledger=self.ledger, scope=principal.scope, reservation_id=rid,
+                    meta=meta, wait_s=wait_s, wakeups=self.wakeups, receive=request.receive,
+                )
+            )  # fmt: skip
+        except BaseException as e:
+            if span is not None:
+                span.end(e)
+            raise
         result, left = waited.result, waited.client_left  # left: its client left the queue
+        if span is not None and trace is not None:
+            trace.admitted(span, waited.seconds, result)
         wait_header = {QUEUE_WAIT_HEADER: str(round(waited.seconds * 1000))}
         if isinstance(result, Refused):
             error = refusal(result, wire)
@@ -390,6 +409,7 @@ class Gateway:
             loop_lag=self.loop_lag.recent_max_s,
             route_rate=self.rates.get(route.name),
             on_settled=lambda: self.wakeups.freed(principal.scope),
+            trace=trace,
         )
         return Admission(meter, headers, room, inputs.reserved_count)
 
@@ -422,6 +442,8 @@ class Gateway:
             raise
         # A report the provider could not have billed is no report (gateway/money.py).
         usage = meter.believe(completion.usage)
+        if meter.trace is not None:
+            meter.trace.finished(completion.finish)
         reported = usage is not None and usage.output_tokens is not None
         # Without the provider's count, a length guess could be low: charge the cap it was sent.
         meter.received_whole(completion.tokens if reported else max(completion.tokens, cap))
@@ -434,6 +456,8 @@ class Gateway:
             await keeper.write()  # before the reply: the client's next turn may name it
         if self.config.gateway.log_prompts:
             logger.info("completion", extra={"route": route.name, "reply": body})
+        if meter.trace is not None:
+            meter.trace.output(body)
         headers = {**admission.headers, **charged.headers()}
         if meter.final_budgets:
             headers = {**headers, **wire.budget_headers(meter.final_budgets, (), _now_ms())}

@@ -40,6 +40,7 @@ class Relay:
         deadline: float | None = None,
         log_completion: bool = False,
         keep: Callable[[], Awaitable[None]] | None = None,
+        trace_content: bool = False,
     ) -> None:
         self._opened = opened
         self.meter = meter
@@ -51,9 +52,12 @@ class Relay:
         self._run_gen: AsyncGenerator[bytes, None] | None = None
         self._head: list[bytes] = []
         self._usage: Usage | None = None
-        self._text: list[str] | None = [] if log_completion else None
+        self._log_completion = log_completion
+        # The completion's text, kept for the log or (the route opted in) the trace.
+        self._text: list[str] | None = [] if log_completion or trace_content else None
         self._timed_out = False  # the deadline came while waiting for the provider
         self._finished = False  # the provider gave a finish reason
+        self._finish: str | None = None  # which, for the trace
         self._keep_alive: asyncio.Task[None] | None = None
         # What keeps the reply once its closing events are made (a stored Response): before
         # they go out, so the client's next turn finds it.
@@ -113,11 +117,15 @@ class Relay:
         if self.outcome is not None:
             return b""
         self.outcome = outcome
+        if (trace := self.meter.trace) is not None:  # before the settle, which ends its span
+            trace.finished(self._finish)
+            if self._text is not None:
+                trace.output("".join(self._text))
         with anyio.CancelScope(shield=True):
             await self._stop_keep_alive()
             await self._close_upstream()
             await self.meter.settle(outcome, self._usage)
-        if self._text is not None:
+        if self._text is not None and self._log_completion:
             logger.info("completion", extra={"content": "".join(self._text)})
         if outcome not in CLOSED_CLEANLY:
             return b""
@@ -191,6 +199,7 @@ class Relay:
             self._usage = event.usage
         if event.finish is not None:
             self._finished = True
+            self._finish = event.finish
         if event.done:
             return Outcome.COMPLETED
         if self._past_deadline():

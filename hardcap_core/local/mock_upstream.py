@@ -15,6 +15,9 @@ A request whose `metadata.hardcap_bench_id` is a string also gets its own record
 "finished" or "aborted"), so a benchmark can join each of its streams with what the mock really
 generated for it. The most recent `mock_truth.MAX_REQUEST_RECORDS` are kept; `POST /mock/reset`
 clears them with the counters. Injected error statuses bill nothing and get no record.
+`GET /mock/traceparents`: the W3C `traceparent` headers of the most recent chat-completions requests
+(the last :data:`MAX_TRACEPARENTS`, oldest first; none for a request without one), as a
+provider's own tracing would see the gateway's trace context; `/mock/reset` clears them.
 `GET /mock/timeline?tenant=X`: that tenant's tokens per 100 ms slot (prompt tokens when a request
 is received, completion tokens as generated) and the worst 60 s window over them
 (`mock_truth.worst_window`); the most recent hour is kept.
@@ -186,6 +189,9 @@ def _redirect(req: ChatRequest, plan: Plan) -> Response:
     return Response(body, status_code=status, headers=headers, media_type="application/json")
 
 
+MAX_TRACEPARENTS = 100  # the traceparent headers kept (GET /mock/traceparents)
+
+
 def create_mock_app(settings: MockSettings) -> Starlette:
     """The mock upstream as an ASGI app. Its `GroundTruth` is at `app.state.ground_truth`."""
     truth = GroundTruth()
@@ -193,6 +199,7 @@ def create_mock_app(settings: MockSettings) -> Starlette:
     cookies: deque[str | None] = deque(maxlen=1000)
     faults = Faults()
     prompt_cache = PromptCache()
+    traceparents: deque[str] = deque(maxlen=MAX_TRACEPARENTS)
     rng = random.Random(settings.seed)
 
     def planner(req: ChatRequest) -> Plan:
@@ -206,6 +213,8 @@ def create_mock_app(settings: MockSettings) -> Starlette:
         )
 
     async def chat_completions(request: Request) -> Response:
+        if traceparent := request.headers.get("traceparent"):
+            traceparents.append(traceparent)
         try:
             req = ChatRequest.model_validate(await request.json())
         except (ValueError, ValidationError) as exc:
@@ -259,6 +268,7 @@ def create_mock_app(settings: MockSettings) -> Starlette:
         faults.set(None)
         prompt_cache.clear()
         cookies.clear()
+        traceparents.clear()
         return JSONResponse({"ok": True})
 
     async def shown_cookies(_: Request) -> Response:
@@ -270,6 +280,9 @@ def create_mock_app(settings: MockSettings) -> Starlette:
         except ValueError as exc:
             return _error(400, f"invalid fault: {exc}")
         return JSONResponse({"ok": True, **faults.as_json()})
+
+    async def show_traceparents(_: Request) -> Response:
+        return JSONResponse(list(traceparents))
 
     async def show_fault(_: Request) -> Response:
         return JSONResponse(faults.as_json())
@@ -292,6 +305,7 @@ def create_mock_app(settings: MockSettings) -> Starlette:
             Route("/mock/ground-truth", ground_truth, methods=["GET"]),
             Route("/mock/requests", requests, methods=["GET"]),
             Route("/mock/timeline", timeline, methods=["GET"]),
+            Route("/mock/traceparents", show_traceparents, methods=["GET"]),
             Route("/mock/reset", reset, methods=["POST"]),
             Route("/mock/fault", set_fault, methods=["POST"]),
             Route("/mock/fault", show_fault, methods=["GET"]),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from hardcap_core import json_codec, sse
@@ -42,6 +43,10 @@ PASS_THROUGH = {
 }
 # 4xx statuses that are the provider's trouble, not the request's: counted by its breaker.
 UPSTREAM_4XX = frozenset({408, 429})
+# The W3C trace context (traceparent, tracestate) of the upstream attempt under way, set by the
+# request's trace while tracing is on (gateway/tracing.py): every provider request built by
+# :func:`post` carries it, so the provider's spans join the client's trace. Unset: no headers.
+TRACE_HEADERS: ContextVar[Mapping[str, str] | None] = ContextVar("trace_headers", default=None)
 
 
 def make_transport() -> Transport:
@@ -90,7 +95,9 @@ def status_error(upstream: str, status: int, content: bytes) -> GatewayError:
     refused = 400 <= status < 500 and status not in UPSTREAM_4XX
     cls = PASS_THROUGH.get(status, UpstreamRefused if refused else UpstreamFailed)
     code = "upstream_rate_limited" if status == 429 else None
-    return cls(message, code=code)
+    error = cls(message, code=code)
+    error.upstream_status = status
+    return error
 
 
 def post(
@@ -101,7 +108,11 @@ def post(
     head_timeout_s: float | None = None,
 ) -> UpstreamRequest:
     """A JSON POST; ``timeout_s`` bounds each wait for the provider's next bytes (a whole
-    reply: all of it), ``head_timeout_s`` the wait for a stream's status and headers."""
+    reply: all of it), ``head_timeout_s`` the wait for a stream's status and headers. It
+    carries the trace context of the attempt under way, if tracing is on
+    (:data:`TRACE_HEADERS`)."""
+    if (trace := TRACE_HEADERS.get()) is not None:
+        headers = {**headers, **trace}
     return UpstreamRequest(
         url, headers, json_codec.dumps(body), timeout_s, head_timeout_s=head_timeout_s
     )

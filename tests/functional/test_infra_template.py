@@ -76,6 +76,13 @@ OPTIONAL_READS = {
     "AWS_LWA_SNAPSTART_AFTER_RESTORE_PATH",
     # Only the rollup sends budget threshold events (rollup/eventbridge.py): set there alone.
     "HARDCAP_EVENT_BUS",
+    # Traces (gateway/tracing.py): set on the gateway only when OtlpEndpoint is; the SDK's own
+    # names are an operator's or a layer's (ADOT) to set, and read after Hardcap's.
+    "HARDCAP_OTLP_ENDPOINT",
+    "OTEL_SERVICE_NAME",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_SDK_DISABLED",
 }
 
 # Reads whose name is data, not code: the config's `api_key_env` names a variable the operator

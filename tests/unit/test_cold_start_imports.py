@@ -103,3 +103,58 @@ def test_a_snapstart_snapshot_holds_every_deferred_module() -> None:
     )
     assert set(modules["lazy"]) <= set(modules["modules"])
     assert {"hardcap_core.gateway.quote", "hardcap_core.gateway.leases"} <= set(modules["lazy"])
+
+
+# What tracing imports (gateway/tracing.py): the SDK's trace pipeline, its OTLP exporter and
+# protobuf. The OpenTelemetry API itself is not among them: redis-py imports it when installed.
+TRACING = (
+    "hardcap_core.gateway.tracing",
+    "opentelemetry.sdk",
+    "opentelemetry.exporter",
+    "opentelemetry.proto",
+    "google.protobuf",
+)
+LOADED = "print(json.dumps(sorted(m for m, v in sys.modules.items() if v is not None)))"
+NO_OTLP = {"HARDCAP_OTLP_ENDPOINT": "", "OTEL_EXPORTER_OTLP_ENDPOINT": "",
+           "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ""}  # fmt: skip
+
+
+def tracing_in(modules: list[str]) -> list[str]:
+    return sorted(m for m in modules if any(m == t or m.startswith(f"{t}.") for t in TRACING))
+
+
+def test_without_an_otlp_endpoint_a_request_path_imports_no_tracing(tmp_path: Path) -> None:
+    """Tracing off (the default) costs a cold start nothing: neither the gateway's tracing
+    module nor the SDK is imported by the app, its runtime or the ledger's redis client (which
+    imports the SDK's metrics whenever they are installed unless hardcap_core.ledger hides them
+    first), even though the SDK is installed here."""
+    path = tmp_path / "hardcap.yaml"
+    path.write_text(json.dumps(CONFIG))
+    modules = probe(
+        "import json, sys\n"
+        "from hardcap_core.gateway.app import app_from_env\n"
+        "import redis.asyncio, hardcap_core.ledger.connection\n"
+        "app = app_from_env(); assert app.state.runtime.tracing is None\n" + LOADED,
+        HARDCAP_CONFIG=str(path), **NO_OTLP,
+    )  # fmt: skip
+    assert "redis.asyncio" in modules
+    assert tracing_in(modules) == []
+
+
+def test_an_otlp_endpoint_imports_tracing_with_the_app_and_not_the_sdks_metrics(
+    tmp_path: Path,
+) -> None:
+    """With an endpoint the SDK is imported when the app is built (on Lambda: the init phase,
+    before the first request); the metrics redis-py would load stay out."""
+    path = tmp_path / "hardcap.yaml"
+    path.write_text(json.dumps(CONFIG))
+    modules = probe(
+        "import json, sys\n"
+        "from hardcap_core.gateway.app import app_from_env\n"
+        "app = app_from_env(); assert app.state.runtime.tracing is not None\n"
+        "app.state.runtime.tracing.shutdown()\n" + LOADED,
+        HARDCAP_CONFIG=str(path), **{**NO_OTLP, "HARDCAP_OTLP_ENDPOINT": "http://127.0.0.1:9"},
+    )  # fmt: skip
+    assert "hardcap_core.gateway.tracing" in modules
+    assert "opentelemetry.sdk.trace" in modules
+    assert "opentelemetry.sdk.metrics" not in modules
