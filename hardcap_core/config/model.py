@@ -26,9 +26,9 @@ from hardcap_core.budgets import (
 )
 from hardcap_core.config.secrets import KeySource, resolve_api_key
 from hardcap_core.config.settings import (
+    DEFAULT_GATEWAY,
     DEFAULT_SERVER_TOOL_INPUT_TOKENS,
     DEFAULT_SERVER_TOOL_MAX_USES,
-    DEFAULT_GATEWAY,
     BreakerSettings,
     EstimatorSettings,
     GatewaySettings,

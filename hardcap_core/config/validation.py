@@ -92,7 +92,7 @@ def _build(file: ConfigFile, gateway: GatewaySettings, source: str) -> Config:
             max_pdf_pages=r.max_pdf_pages,
             server_tool_max_uses=r.server_tool_max_uses,
             server_tool_input_tokens=r.server_tool_input_tokens,
-            max_pdf_pages=r.max_pdf_pages, store_responses=r.store_responses,
+            store_responses=r.store_responses,
             tokenizer=r.counted_by(), exact_count=r.exact_count, count_api=r.count_api,
             image_rules=route_rules(
                 r.model or r.name, upstreams[r.upstream].kind, r.image_rule,
