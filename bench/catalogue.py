@@ -566,8 +566,13 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "two gateways for minutes under mixed traffic and faults: memory, descriptors, crashes, "
         "the ledger against the mock's truth",
         (*REQUEST_PATH, "hardcap_core/rollup"),
-        (Result("soak.json", "--minutes 60 --check --out bench/results/soak.json",
-                "docs/benchmarks.md (soak)"),),  # fmt: skip
+        (
+            Result(
+                "soak.json",
+                "--minutes 60 --check --out bench/results/soak.json",
+                "docs/benchmarks.md (soak)",
+            ),
+        ),
     ),
     Benchmark(
         "live_providers",
