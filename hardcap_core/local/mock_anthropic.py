@@ -295,6 +295,12 @@ def image_tokens(source: Any) -> int:
     return _size_tokens(size)
 
 
+def page_image_tokens(size: tuple[int, int] | None) -> int:
+    """What an image of ``size`` pixels (None: unknown) is billed: width x height / 750 after
+    fitting Anthropic's limits (a PDF page's image is billed so too)."""
+    return _size_tokens(size)
+
+
 def _size_tokens(size: tuple[int, int] | None) -> int:
     if size is None:
         return IMAGE_MAX_TOKENS
