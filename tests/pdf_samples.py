@@ -197,3 +197,156 @@ def prose(chars: int) -> str:
 def compressed_text_pdf(chars: int = 120_000) -> bytes:
     """The issue's first case: one page whose text sits in one compressed content stream."""
     return pages_pdf([text_content(prose(chars))], compress=True)
+
+
+# -- real-shaped documents: what a tenant sends, to see how near its bill a document is held ----
+
+BOLD = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica-Bold /Encoding /WinAnsiEncoding >>"
+WORDS = PROSE.split()
+
+
+def _sentences(seed: int, chars: int) -> str:
+    """Varied English of about ``chars`` characters (seeded: not one sentence repeated)."""
+    import random
+
+    rng, out = random.Random(seed), []
+    while sum(len(w) + 1 for w in out) < chars:
+        out.append(rng.choice(WORDS))
+    return " ".join(out)
+
+
+def _lines(text: str, width: int) -> list[bytes]:
+    raw = text.encode("cp1252")
+    return [_escape(raw[i : i + width]) for i in range(0, len(raw), width)]
+
+
+def _first(seed: int, chars: int) -> bytes:
+    """One line of about ``chars`` characters of varied English, escaped for a PDF string."""
+    return _lines(_sentences(seed, chars), chars)[0]
+
+
+def document(pages: Sequence[bytes], *, box: bytes = b"[0 0 612 792]", extra: bytes = b"") -> bytes:
+    """Pages of compressed content sharing two fonts (F1 regular, F2 bold) and a 200 x 250
+    grayscale image (Im1, noise: a scan's compressed bytes), each page's resources all three;
+    ``extra`` goes into every page's dictionary."""
+    import random
+
+    noise = random.Random(7).randbytes(200 * 250)
+    image = stream(
+        zlib.compress(noise),
+        extra=b" /Type /XObject /Subtype /Image /Width 200 /Height 250 /ColorSpace /DeviceGray"
+        b" /BitsPerComponent 8 /Filter /FlateDecode",
+    )
+    n = len(pages)
+    kids = b" ".join(b"%d 0 R" % (6 + 2 * i) for i in range(n))
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [%s] /Count %d >>" % (kids, n),
+        FONT,
+        BOLD,
+        image,
+    ]
+    for i, content in enumerate(pages):
+        objects.append(
+            b"<< /Type /Page /Parent 2 0 R /MediaBox %s /Contents %d 0 R /Resources << /Font "
+            b"<< /F1 3 0 R /F2 4 0 R >> /XObject << /Im1 5 0 R >> >> %s >>"
+            % (box, 7 + 2 * i, extra)
+        )
+        objects.append(stream(content, compress=True))
+    return build(objects)
+
+
+def report(pages: int = 6) -> bytes:
+    """A report: a bold heading, about 3,000 characters of body text in 95-character lines
+    (some kerned with TJ), a ruled table of figures, a page number."""
+    out = []
+    for p in range(pages):
+        body = _lines(_sentences(p, 3_000), 95)
+        shown = b"".join(
+            (b"[(" + line[:40] + b") -12 (" + line[40:] + b")] TJ T*\n") if i % 4 == 0
+            else (b"(" + line + b") '\n")
+            for i, line in enumerate(body)
+        )  # fmt: skip
+        table = b"".join(
+            b"BT /F1 9 Tf %d %d Td (%d.%02d) Tj ET\n" % (72 + 120 * c, 200 - 14 * r, r * 37 + c, c)
+            for r in range(8) for c in range(4)
+        )  # fmt: skip
+        rules = b"".join(b"72 %d m 540 %d l S\n" % (210 - 14 * r, 210 - 14 * r) for r in range(9))
+        out.append(
+            b"BT /F2 16 Tf 72 740 Td (Section %d: Quarterly review) Tj ET\n" % (p + 1)
+            + b"BT /F1 10 Tf 12 TL 72 710 Td\n" + shown + b"ET\n" + b"0.5 w\n" + rules + table
+            + b"BT /F1 8 Tf 300 40 Td (Page %d of %d) Tj ET" % (p + 1, pages)
+        )  # fmt: skip
+    return document(out)
+
+
+def slides(pages: int = 8) -> bytes:
+    """A slide deck (16:9): a big title, four bullets, a filled background and drawn shapes."""
+    out = []
+    for p in range(pages):
+        shapes = b"".join(
+            b"%.2f %.2f %.2f rg %d %d 120 80 re f\n" % (0.1 * (i % 9), 0.3, 0.6, 60 + 140 * i, 60)
+            for i in range(6)
+        )
+        curves = b"".join(
+            b"%d 300 m %d 380 %d 220 %d 300 c S\n" % (x, x + 40, x + 80, x + 120)
+            for x in range(40, 900, 60)
+        )
+        bullets = b"".join(
+            b"BT /F1 24 Tf 80 %d Td (- %s) Tj ET\n" % (400 - 50 * b, _first(100 * p + b, 60))
+            for b in range(4)
+        )  # fmt: skip
+        out.append(
+            b"0.95 0.95 0.97 rg 0 0 960 540 re f\n" + shapes + curves
+            + b"BT /F2 40 Tf 80 470 Td (Slide %d: %s) Tj ET\n" % (p + 1, _first(p, 30))
+            + bullets
+        )  # fmt: skip
+    return document(out, box=b"[0 0 960 540]")
+
+
+def scan(pages: int = 3) -> bytes:
+    """A scanned document: every page one image, no text."""
+    return document([b"q 612 0 0 792 0 0 cm /Im1 Do Q"] * pages)
+
+
+def form(fields: int = 24) -> bytes:
+    """A filled-in form: labels in the page's content, and each field a widget annotation with
+    its name, its value and an appearance stream that shows the value."""
+    labels = b"".join(
+        b"BT /F1 10 Tf 72 %d Td (Field %d, %s:) Tj ET\n" % (740 - 28 * i, i, _first(900 + i, 12))
+        for i in range(fields)
+    )  # fmt: skip
+    # the widgets are objects 8.. and listed by the page (object 6)
+    objects = []
+    refs = []
+    for i in range(fields):
+        value = _lines(_sentences(500 + i, 30), 30)[0]
+        appearance = stream(
+            b"/Tx BMC BT /F1 10 Tf 2 4 Td (" + value + b") Tj ET EMC",
+            extra=b" /Type /XObject /Subtype /Form /BBox [0 0 200 18]"
+            b" /Resources << /Font << /F1 3 0 R >> >>",
+        )
+        number = 8 + 2 * i
+        objects.append(
+            b"<< /Type /Annot /Subtype /Widget /FT /Tx /Rect [250 %d 450 %d] /T (field_%d) /V (%s)"
+            b" /AP << /N %d 0 R >> >>" % (736 - 28 * i, 754 - 28 * i, i, value, number + 1)
+        )
+        objects.append(appearance)
+        refs.append(b"%d 0 R" % number)
+    base = [
+        b"<< /Type /Catalog /Pages 2 0 R /AcroForm << /Fields [%s] >> >>" % b" ".join(refs),
+        b"<< /Type /Pages /Kids [6 0 R] /Count 1 >>",
+        FONT,
+        BOLD,
+        b"<< >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 7 0 R /Resources << /Font"
+        b" << /F1 3 0 R /F2 4 0 R >> >> /Annots [%s] >>" % b" ".join(refs),
+        stream(labels, compress=True),
+    ]
+    return build(base + objects)
+
+
+def corpus() -> dict[str, bytes]:
+    """The real-shaped documents: a report, slides, a scan, a form."""
+    return {"report (6 pages)": report(), "slides (8 pages)": slides(), "scan (3 pages)": scan(),
+            "form (24 fields)": form()}  # fmt: skip

@@ -340,6 +340,12 @@ def image_tokens(source: Any, limits: Limits = DEFAULT_LIMITS) -> int:
     return _size_tokens(size, limits)
 
 
+def page_image_tokens(size: tuple[int, int] | None) -> int:
+    """What an image of ``size`` pixels (None: unknown) is billed: width x height / 750 after
+    fitting Anthropic's limits (a PDF page's image is billed so too)."""
+    return _size_tokens(size)
+
+
 def _size_tokens(size: tuple[int, int] | None, limits: Limits = DEFAULT_LIMITS) -> int:
     long_edge, max_pixels, max_tokens = limits
     if size is None:

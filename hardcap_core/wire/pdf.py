@@ -4,12 +4,20 @@ text of each from what the page draws, not from the bytes of the file.
 Providers bill each page's text and an image of each page (OpenAI's file inputs guide: "the
 extracted text and an image of each page", on vision models; Anthropic's PDF support: text
 "1,500 to 3,000 tokens" a page, plus the image), the image at most one image's cost there
-(:data:`PAGE_IMAGE_TOKENS`). A page's text is bounded by the bytes it draws (its content
-streams, decoded, a stream shared by pages counting for each; each form XObject times the times
-the content names it, nested forms multiplying; tiling patterns; its annotations' normal
-appearance and text) times the most a drawn byte becomes as text with any font it uses (its
+(:data:`PAGE_IMAGE_TOKENS`). A page's text is bounded by what it draws: the strings of the text
+operators (``Tj``, ``TJ``, ``'``, ``"``) of its content streams, decoded (a stream shared by
+pages counting for each; each form XObject times the times the content names it, nested forms
+multiplying; tiling patterns; its annotations' normal appearance and text). A string shown in
+a simple font whose mapping is known (a standard encoding, no ``/ToUnicode``, no
+``/Differences``, no embedded program) is decoded through that encoding (pypdf's own tables)
+and bounded as any prompt text is (:func:`~hardcap_core.tokens.input_text_tokens`); in any
+other font its bytes count times the most a byte becomes as text with that font (its
 ``/ToUnicode`` CMap's longest destination, its glyph names), in UTF-8 bytes, each at most a
-token. Extracted text is not trusted: an extractor can miss what another sees.
+token; with no font set, the most of any font of the page. Each text operator adds a token
+for the line break or space an extractor may put there. Operators, numbers and images draw no
+text, so they count nothing. Extracted text is not trusted: an extractor can miss what
+another sees. Past :data:`MAX_PARSED_BYTES` of content a request, the rest is not parsed but
+counted as before: every decoded byte, times the most a byte becomes with the page's fonts.
 
 The work is capped per request (:class:`Allowance`: pages, decoded bytes, objects, steps), and
 pypdf's own limits are set from the caps. Past a cap a request is refused (400), never skipped,
@@ -32,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hardcap_core.errors import InvalidRequest
+from hardcap_core.tokens import input_text_tokens
 from hardcap_core.wire.media import IMAGE_BOUND_TOKENS
 
 # Caps per request. Pages: above any provider's own limit (Anthropic: 100 a request, 600 with
@@ -47,6 +56,10 @@ MAX_STEPS = 200_000
 # The file's structure (a cross-reference stream, the object streams), parsed at about 1 MB/s.
 MAX_STRUCTURE_BYTES = 2 * 1024 * 1024
 MAX_FORM_DEPTH = 16  # a form draws a form that draws a form...: deeper is refused
+# Content parsed for its text operators by pypdf's content parser: about 1.5 MB/s on prose,
+# 0.25 MB/s on content crafted as tiny strings (about 2 s for this much). Past it, a request's
+# content streams count every byte, as a string of the widest font the stream may use.
+MAX_PARSED_BYTES = 512 * 1024
 
 # An image of each page, billed as one image: the most one image costs with that provider.
 # OpenAI: the GPT-4o tile rule's bound over every size (85 + 170 x 8 tiles, see media.py); the
@@ -204,7 +217,7 @@ _PAGE_ENTRIES = {"page_tree_maximum_page_entries": 64 * MAX_PAGES}
 _NONE: dict[str, Any] = {}  # what a missing dictionary reads as; never written to
 _Res = dict[str, Any]  # a resource dictionary
 _Path = frozenset[int]  # the forms being drawn, by identity
-_Drawn = tuple[int, float]  # bytes drawn, and the most a byte of them can become as text
+_Shown = Any  # how a font's strings count: a table of 256 characters, or bytes' expansion
 
 
 class _Walk:
@@ -216,7 +229,9 @@ class _Walk:
         self.objects = self.decoded = self.steps = 0
         self.opened = False
         self.lengths: dict[int, int] = {}  # stream -> decoded length
-        self.forms: dict[tuple[int, int], _Drawn] = {}  # (form, its resources) -> drawn
+        self.forms: dict[tuple[int, int, bool], int] = {}  # (form, resources, parsed) -> tokens
+        self.joins: dict[tuple[int, ...], Any] = {}  # a page's content streams, joined
+        self.parsed = 0  # content bytes parsed for text operators
         self.form_lists: dict[int, list[tuple[bytes, Any]]] = {}  # /XObject dict -> its forms
         self.expansions: dict[int, float] = {}  # /Font dict or font -> expansion
 
@@ -270,26 +285,48 @@ class _Walk:
         """A bound on the tokens of one page's text (see the module docstring)."""
         self.touch()
         resources = _dict(page, "/Resources")
-        drawn, expansion = 0, BYTE_EXPANSION
-        for content in _streams(_get(page, "/Contents")):  # one stream may be listed often
+        tokens = 0
+        contents = _streams(_get(page, "/Contents"))  # one stream may be listed often
+        parse = True
+        if len(contents) > 1:
+            # Its streams are one content (a string may begin in one and end in the next):
+            # parsed joined, or, past the parse cap, each counted by its bytes.
+            size = sum(len(self.data(content)) for content in contents)
+            if self.parsed + size <= MAX_PARSED_BYTES:
+                contents = [self.joined(contents)]
+            else:
+                parse = False
+        for content in contents:
             self.touch()
-            shown, most = self.form(content, resources, 0, frozenset(), own=False)
-            drawn, expansion = drawn + shown, max(expansion, most)
+            tokens += self.form(content, resources, 0, frozenset(), own=False, parse=parse)
         for annotation in _array(page, "/Annots"):
             self.touch()
             note = annotation if isinstance(annotation, dict) else _NONE
-            drawn += sum(self.strings(_get(note, k)) for k in ("/Contents", "/T", "/TU", "/RC"))
+            tokens += sum(self.strings(_get(note, k)) for k in ("/Contents", "/T", "/TU", "/RC"))
             normal = _get(_dict(note, "/AP"), "/N")
             for form in [normal] if _is_stream(normal) else _values(normal):
                 if _is_stream(form):
-                    shown, most = self.form(form, resources, 1, frozenset())
-                    drawn, expansion = drawn + shown, max(expansion, most)
-        return math.ceil(drawn * expansion)
+                    tokens += self.form(form, resources, 1, frozenset())
+        return tokens
 
-    def form(self, form: Any, outer: _Res, depth: int, path: _Path, own: bool = True) -> _Drawn:
-        """The bytes a content stream (a page's, or a form XObject's, pattern's or
+    def joined(self, contents: list[Any]) -> Any:
+        """A page's content streams as one stream (each charged once, as it was read)."""
+        key = tuple(id(content) for content in contents)
+        if key not in self.joins:
+            from pypdf.generic import DecodedStreamObject
+
+            joined = DecodedStreamObject()
+            joined.set_data(b"\n".join(self.data(content) for content in contents))
+            self.lengths[id(joined)] = 0  # its bytes were charged as its streams
+            self.joins[key] = joined
+        return self.joins[key]
+
+    def form(
+        self, form: Any, outer: _Res, depth: int, path: _Path, own: bool = True, parse: bool = True
+    ) -> int:
+        """The tokens of the text a content stream (a page's, or a form XObject's, pattern's or
         appearance's, with its own resources if it has them) draws each time it runs, with the
-        forms it names, and the most a byte of them can become as text."""
+        forms it names."""
         self.touch()
         if id(form) in path:
             raise _Unreadable("a form draws itself")
@@ -297,10 +334,11 @@ class _Walk:
             raise _TooLarge(f"nest forms more than {MAX_FORM_DEPTH} deep")
         mine = _get(form, "/Resources") if own else None
         resources = mine if isinstance(mine, dict) else outer
-        key = (id(form), id(resources))
+        key = (id(form), id(resources), parse)
         if key not in self.forms:
             content, path = self.data(form), path | {id(form)}
-            total, expansion = len(content), self.expansion(_dict(resources, "/Font"))
+            fonts = _dict(resources, "/Font")
+            total = self.text(form, content, fonts) if parse else self.unparsed(content, fonts)
             forms = self.forms_of(_dict(resources, "/XObject"))
             # Counting each name is a scan of the content: past a few, every Do may draw any.
             each = bool(forms) and (
@@ -309,14 +347,56 @@ class _Walk:
             for name, child in forms:
                 uses = content.count(b"Do") if each else content.count(name)
                 if uses:
-                    shown, most = self.form(child, resources, depth + 1, path)
-                    total, expansion = total + uses * shown, max(expansion, most)
+                    total += uses * self.form(child, resources, depth + 1, path)
             for pattern in _values(_dict(resources, "/Pattern")):
                 if _is_stream(pattern) and _get(pattern, "/PatternType") == 1:
-                    shown, most = self.form(pattern, resources, depth + 1, path)
-                    total, expansion = total + shown, max(expansion, most)
-            self.forms[key] = (total, expansion)
+                    total += self.form(pattern, resources, depth + 1, path)
+            self.forms[key] = total
         return self.forms[key]
+
+    def text(self, form: Any, content: bytes, fonts: dict[str, Any]) -> int:
+        """The tokens of the strings ``content``'s text operators show, each through the font
+        it is shown in (see the module docstring)."""
+        widest = self.expansion(fonts)
+        if not _SHOWS.search(content):
+            return 0  # no operator that shows text: nothing to parse
+        if self.parsed + len(content) > MAX_PARSED_BYTES:
+            return self.unparsed(content, fonts)
+        self.parsed += len(content)
+        from pypdf.generic import ContentStream
+
+        try:
+            operations = ContentStream(form, None).operations
+        except Exception:  # content pypdf cannot parse: every byte, as if unparsed
+            return self.unparsed(content, fonts)
+        shown: _Shown = widest
+        tokens, text = 0, list[str]()  # strings decoded by a table: bounded together, as text
+        for operands, operator in operations:
+            if operator == b"Tf" and operands:
+                font = _resolve(fonts.get(str(operands[0])))
+                shown = self.shown(font) if isinstance(font, dict) else widest
+            elif operator in (b"Tj", b"'", b'"') and operands:
+                tokens += _shown(operands[-1], shown, text)
+            elif operator == b"TJ" and operands and isinstance(operands[0], list):
+                for item in operands[0]:  # a number may be a space to an extractor
+                    tokens += _shown(item, shown, text) if _is_string(item) else _space(text)
+            if operator in _TEXT_OPERATORS:
+                text.append("\n")  # the line break (or space) an extractor may put here
+        return tokens + input_text_tokens("".join(text))
+
+    def unparsed(self, content: bytes, fonts: dict[str, Any]) -> int:
+        """Content not parsed: every byte, as a string of the widest font it may use."""
+        return math.ceil(len(content) * self.expansion(fonts))
+
+    def shown(self, font: dict[str, Any]) -> _Shown:
+        """How ``font``'s strings count: the table of its standard encoding when that is all
+        that maps its bytes to text, else the most a byte becomes with it."""
+        table = _standard_table(font)
+        if table is not None:
+            return table
+        if id(font) not in self.expansions:
+            self.expansions[id(font)] = self.font(font)
+        return self.expansions[id(font)]
 
     def forms_of(self, xobjects: dict[str, Any]) -> list[tuple[bytes, Any]]:
         """The form XObjects of an /XObject dictionary, with their names as a content stream
@@ -381,6 +461,69 @@ class _Walk:
 
 
 _IDENTITY = ("/Identity-H", "/Identity-V")
+_SHOWS = re.compile(rb"T[jJ]|['\"]")  # where a text-showing operator may be
+_TEXT_OPERATORS = frozenset({b"Tj", b"TJ", b"'", b'"', b"Td", b"TD", b"Tm", b"T*"})
+_SIMPLE = ("/Type1", "/TrueType", "/MMType1")
+_BASE14_TEXT = frozenset(
+    f"/{family}{style}"
+    for family, styles in (
+        ("Helvetica", ("", "-Bold", "-Oblique", "-BoldOblique")),
+        ("Courier", ("", "-Bold", "-Oblique", "-BoldOblique")),
+        ("Times", ("-Roman", "-Bold", "-Italic", "-BoldItalic")),
+    )
+    for style in styles
+)
+
+
+def _standard_table(font: dict[str, Any]) -> list[str] | None:
+    """The 256 characters a simple font's codes are extracted as, when only a standard
+    encoding maps them (pypdf's own tables); None when anything else may (a /ToUnicode CMap,
+    /Differences, an embedded program's encoding, a composite or Type 3 font)."""
+    if _get(font, "/Subtype") not in _SIMPLE or _get(font, "/ToUnicode") is not None:
+        return None
+    descriptor = _dict(font, "/FontDescriptor")
+    if any(_get(descriptor, k) is not None for k in ("/FontFile", "/FontFile2", "/FontFile3")):
+        return None
+    encoding = _get(font, "/Encoding")
+    if encoding is None:  # a standard font's own encoding: Standard, for the text faces
+        encoding = "/StandardEncoding" if _get(font, "/BaseFont") in _BASE14_TEXT else None
+    try:
+        from pypdf._codecs import _mac_encoding, _std_encoding, _win_encoding
+    except ImportError:  # a private module of pypdf: without it, the expansion holds
+        return None
+    tables = {
+        "/WinAnsiEncoding": _win_encoding,
+        "/MacRomanEncoding": _mac_encoding,
+        "/StandardEncoding": _std_encoding,
+    }
+    table = tables.get(encoding) if isinstance(encoding, str) else None
+    return list(table) if table is not None and len(table) == 256 else None
+
+
+def _is_string(value: Any) -> bool:
+    return isinstance(value, bytes) or (isinstance(value, str) and hasattr(value, "original_bytes"))
+
+
+def _shown(string: Any, shown: _Shown, text: list[str]) -> int:
+    """One shown string: decoded by a table into ``text`` (bounded with the rest of it), or
+    its bytes times an expansion, returned as tokens; what is not a string shows nothing."""
+    if isinstance(string, str) and hasattr(string, "original_bytes"):
+        raw: bytes = string.original_bytes
+    elif isinstance(string, bytes):
+        raw = bytes(string)
+    else:
+        return 0
+    if isinstance(shown, list):
+        text.append("".join(shown[b] for b in raw))
+        return 0
+    return math.ceil(len(raw) * float(shown))
+
+
+def _space(text: list[str]) -> int:
+    text.append(" ")
+    return 0
+
+
 _SCAN_BUDGET = 64 * 1024 * 1024  # bytes of content scanned for names, per content stream
 _HEX = re.compile(rb"<([0-9A-Fa-f\s]*)>")
 _NAME = re.compile(rb"/([^\s()<>\[\]{}/%]+)")
