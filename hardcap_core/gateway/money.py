@@ -372,6 +372,11 @@ REPORTED_INPUT_ALLOWANCE = 4096
 # Output: the cap the provider was sent (reasoning is inside it on OpenAI, thinking inside
 # max_tokens on Anthropic), or what arrived if that proves the provider ignored it, plus this.
 REPORTED_OUTPUT_ALLOWANCE = 16
+# What arrived is counted from its text, which runs high for prose but low for tool calls: the
+# framing of a call is billed and never streamed (the providers' documented tool-call streams
+# report 1.9x and 2.3x what their text counts), so a report of up to this many times it is
+# believed once the provider has shown it ignored the cap.
+REPORTED_OUTPUT_FACTOR = 4
 # No count past this is believed whatever the bounds: no model's window comes near it, and a
 # count past 2^53 cannot even be carried exactly by the ledger's scripts (Lua numbers).
 MOST_BELIEVED_TOKENS = 1 << 31
@@ -425,11 +430,12 @@ def implausible(usage: Usage, *, input_bound: int, output_bound: int | None) -> 
 def reported_output_bound(asked: int | None, received: int, received_least: int) -> int | None:
     """The most output a provider's report may say: the cap it was sent (``asked``) plus
     :data:`REPORTED_OUTPUT_ALLOWANCE`; past that only if what arrived proves it ignored the cap
-    (``received_least``, a token a piece, is past it), then what arrived as the gateway counts
-    it (``received``, which runs high) plus the allowance. None: no cap was sent."""
+    (``received_least``, a token a piece, is past it), then :data:`REPORTED_OUTPUT_FACTOR`
+    times what arrived as the gateway counts it (``received``) plus the allowance. None: no cap
+    was sent."""
     if asked is None:
         return None
-    most = max(asked, received) if received_least > asked else asked
+    most = max(asked, received * REPORTED_OUTPUT_FACTOR) if received_least > asked else asked
     return most + REPORTED_OUTPUT_ALLOWANCE
 
 

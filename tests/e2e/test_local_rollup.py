@@ -5,6 +5,7 @@ what the mock upstream really billed."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -206,13 +207,17 @@ def test_the_timer_logs_a_failed_run_and_the_next_one_applies_it(
         )
         assert reply.status_code == 200, reply.text
         deadline = time.monotonic() + 30
-        while timer.runs < 3 and time.monotonic() < deadline:
+
+        def failed() -> list[logging.LogRecord]:
+            # A run is counted when it ends, just before its failure is logged (on the timer's
+            # thread): wait for the logs, not the count.
+            message = "rollup failed; the next run retries"
+            return [r for r in caplog.records if r.getMessage() == message]
+
+        while len(failed()) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert timer.runs >= 3
-        failed = [
-            r for r in caplog.records if r.getMessage() == "rollup failed; the next run retries"
-        ]
-        assert len(failed) >= 3 and all(r.exc_info for r in failed)
+        assert len(failed()) >= 3 and all(r.exc_info for r in failed())
 
         create_table(client, table.name)
         now_ms = int(time.time() * 1000)

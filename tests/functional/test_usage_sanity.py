@@ -21,6 +21,7 @@ from hardcap_core.gateway.money import (
     REPORTED_INPUT_ALLOWANCE,
     REPORTED_INPUT_FACTOR,
     REPORTED_OUTPUT_ALLOWANCE,
+    REPORTED_OUTPUT_FACTOR,
     implausible,
 )
 from hardcap_core.ledger import FREE, Admitted, Ledger
@@ -151,14 +152,21 @@ async def test_a_report_within_the_bounds_is_the_bill(
 async def test_a_provider_that_ignored_the_cap_may_report_what_arrived(
     standalone_client: Any,
 ) -> None:
-    """More pieces than the cap prove the provider ignored it: then its report of about
-    what arrived is believed (the gateway's count of the text runs high, not low)."""
-    meter = await meter_for(standalone_client, reserve=200)
+    """More pieces than the cap prove the provider ignored it: then a report of up to a few
+    times what arrived is believed (a tool call's framing is billed and never streamed, so the
+    gateway's count of its text runs low), and one past that is not."""
+    meter = await meter_for(standalone_client, reserve=300)
     meter.note_read(120, least=120)
     assert not await meter.make_room(120, at_least=120)  # cut at the request's cap
-    meter.note_read(0, final=Usage(25, 110))
+    meter.note_read(0, final=Usage(25, 260))
     await meter.settle(Outcome.TRUNCATED)
-    assert meter.charged_output == 110
+    assert meter.charged_output == 260
+    liar = await meter_for(standalone_client, reserve=700)
+    liar.note_read(120, least=120)
+    assert not await liar.make_room(120, at_least=120)
+    liar.note_read(0, final=Usage(25, 120 * REPORTED_OUTPUT_FACTOR + REPORTED_OUTPUT_ALLOWANCE + 1))
+    await liar.settle(Outcome.TRUNCATED)
+    assert liar.charged_output < 120 * REPORTED_OUTPUT_FACTOR
 
 
 async def test_a_whole_reply_whose_report_lies_is_charged_its_cap(
