@@ -27,6 +27,9 @@ frame after N steps, and the stream ends), ``bad_crc=N`` (step N's frame has a w
 ``redacted=1``, ``stop_sequence=1``, and ``bedrock_status=N`` (as ``status``, but the OpenAI
 mock ignores it: a fallback from this fake to the mock can be tested).
 
+Like Bedrock, it refuses (400 ``ValidationException``, "invalid beta flag") an
+``additionalModelRequestFields.anthropic_beta`` value outside :data:`BETAS_BEDROCK_TAKES`.
+
 Tenant: ``requestMetadata.user``, else ``requestMetadata.tenant``, else "anonymous"; a
 ``requestMetadata.hardcap_bench_id`` gets its own record. The ground truth is at the OpenAI
 mock's paths (``GET /mock/ground-truth``, ``GET /mock/requests``, ``POST /mock/reset``), so
@@ -133,8 +136,23 @@ def prompt_tokens(body: dict[str, Any]) -> int:
     return total
 
 
+# The anthropic_beta values Bedrock's Claude request parameters document (AWS's "Anthropic
+# Claude Messages API" page); Bedrock answers any other with a ValidationException.
+BETAS_BEDROCK_TAKES = frozenset(
+    {"computer-use-2024-10-22", "computer-use-2025-01-24", "token-efficient-tools-2025-02-19",
+     "interleaved-thinking-2025-05-14", "output-128k-2025-02-19", "dev-full-thinking-2025-05-14",
+     "context-1m-2025-08-07", "context-management-2025-06-27", "effort-2025-11-24",
+     "tool-search-tool-2025-10-19", "tool-examples-2025-10-29"}
+)  # fmt: skip
+
+
 def plan_request(model_id: str, body: dict[str, Any], stream: bool) -> ChatRequest:
-    """The Converse request in the OpenAI mock's terms, for :func:`make_plan`."""
+    """The Converse request in the OpenAI mock's terms, for :func:`make_plan` (a ValueError
+    for what Bedrock refuses)."""
+    extra = body.get("additionalModelRequestFields") or {}
+    for beta in extra.get("anthropic_beta") or []:
+        if beta not in BETAS_BEDROCK_TAKES:
+            raise ValueError(f"invalid beta flag: {beta}")
     messages = [
         {"role": m.get("role"), "content": _text_of(m.get("content"))}
         for m in body.get("messages") or []
@@ -158,7 +176,6 @@ def plan_request(model_id: str, body: dict[str, Any], stream: bool) -> ChatReque
         choice = "required"
     elif isinstance(wanted.get("tool"), dict):
         choice = {"type": "function", "function": {"name": wanted["tool"].get("name")}}
-    extra = body.get("additionalModelRequestFields") or {}
     thinking = extra.get("thinking")
     reasons = (isinstance(thinking, dict) and thinking.get("type") != "disabled") or any(
         extra.get(k) for k in ("reasoning_effort", "reasoningConfig")

@@ -23,11 +23,16 @@ wire format, which counts every field, so nothing sent here goes uncounted):
 - ``user`` and string values of ``metadata`` become ``requestMetadata`` (labels for Bedrock's
   invocation logs), those that fit its limits.
 
-A request of Anthropic's format is refused, naming what Bedrock does not run, rather than sent
-without it: a server tool (``tools[i].type``; admission refuses it first, money.tool_hold),
-and an ``anthropic-beta`` Bedrock does not take (:data:`BEDROCK_BETAS` are sent as
-``additionalModelRequestFields.anthropic_beta``; a 1M-context one needs the route's
-long-context prices; betas that only name the client are not sent).
+A request of Anthropic's format with a server tool is refused naming it (``tools[i].type``;
+admission refuses it first, money.tool_hold): Bedrock does not run one, and the request would
+not do what it asks. Its ``anthropic-beta`` values that Bedrock takes (:data:`BEDROCK_BETAS`)
+are sent as ``additionalModelRequestFields.anthropic_beta`` (a 1M-context one needs the
+route's long-context prices); the others are not sent. A beta only enables fields and blocks,
+and of Anthropic's fields only ``thinking`` is translated here, so a beta Bedrock does not
+take has nothing to act on: Claude Code's defaults (``context-management-…``,
+``prompt-caching-scope-…``, ``effort-…``, a client's own) then run. What a dropped beta's field
+would have saved (``context_management`` clearing older tool results) is billed and charged,
+as the input sent is what the gateway counted.
 """
 
 from __future__ import annotations
@@ -39,8 +44,8 @@ from typing import Any
 from hardcap_core.chat import ChatRequest
 from hardcap_core.config import Route
 from hardcap_core.errors import InvalidRequest
-from hardcap_core.wire.anthropic_fields import BEDROCK_BETAS, CLIENT_BETAS
-from hardcap_core.wire.anthropic_request import BETA_HEADER, check_betas
+from hardcap_core.wire.anthropic_fields import BEDROCK_BETAS
+from hardcap_core.wire.anthropic_request import check_betas
 from hardcap_core.wire.media import base64_bytes
 
 IMAGE_FORMATS = {"png": "png", "jpeg": "jpeg", "jpg": "jpeg", "gif": "gif", "webp": "webp"}
@@ -98,25 +103,15 @@ def converse_params(route: Route, request: ChatRequest, max_tokens: int) -> dict
 
 
 def _betas(route: Route, request: ChatRequest) -> list[str]:
-    """The anthropic-beta values Bedrock is sent, or a 400 naming what it does not run."""
+    """The anthropic-beta values Bedrock is sent (those it takes), or a 400 naming a server
+    tool, which Bedrock does not run."""
     for tool in request.server_tools:
         raise InvalidRequest(
             f"'{tool.where}.type': Bedrock does not run the server tool {tool.type!r}.",
             param=f"{tool.where}.type",
         )
     check_betas(request, long_context_priced=route.prices.long_context is not None)
-    sent = []
-    for beta in request.betas:
-        if beta.startswith(CLIENT_BETAS):
-            continue  # names the client; nothing for Bedrock to run
-        if beta not in BEDROCK_BETAS:
-            raise InvalidRequest(
-                f"'{BETA_HEADER}: {beta}' is not a beta Bedrock takes "
-                f"(it takes {', '.join(sorted(BEDROCK_BETAS))}).",
-                param=BETA_HEADER,
-            )
-        sent.append(beta)
-    return sent
+    return [beta for beta in request.betas if beta in BEDROCK_BETAS]
 
 
 def _inference(body: dict[str, Any], max_tokens: int) -> dict[str, Any]:

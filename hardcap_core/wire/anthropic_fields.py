@@ -30,15 +30,14 @@ P, C, PR, B, R = Effect.PASS, Effect.COUNTED, Effect.PRICED, Effect.BOUNDED, Eff
 SERVER_TOOLS = ("web_search", "web_fetch", "code_execution", "tool_search", "mcp_toolset",
                 "advisor")  # fmt: skip
 PRICED_SERVER_TOOLS = ("web_search", "web_fetch")
-# anthropic-beta values a Bedrock route takes, sent in Converse's additionalModelRequestFields
-# as anthropic_beta (Bedrock's Claude request parameters list them); a value that only names
-# the client (a prefix of CLIENT_BETAS) changes nothing Bedrock runs and is not sent. Any other
-# beta is a 400 naming it on a Bedrock route: Bedrock would not do what it asks.
+# anthropic-beta values a Bedrock route sends, in Converse's additionalModelRequestFields as
+# anthropic_beta (Bedrock's Claude request parameters list them, and they act on what the
+# translation sends). Any other is not sent: Bedrock refuses a beta it does not take, and the
+# fields the others enable are not translated (providers/bedrock_request.py).
 BEDROCK_BETAS = frozenset(
     {"interleaved-thinking-2025-05-14", "token-efficient-tools-2025-02-19",
      "output-128k-2025-02-19", "context-1m-2025-08-07", "computer-use-2025-01-24"}
 )  # fmt: skip
-CLIENT_BETAS = ("claude-code-", "oauth-")
 # context_management edits that only drop content from what is billed (older tool results,
 # older thinking). Any other edit (compact_*: a summarizing call billed as its own
 # iteration) is refused naming it.

@@ -274,19 +274,13 @@ def test_throttled_bedrock_falls_back_to_the_next_route(
         assert ledger(base)[("tenant", "total_tokens")]["used"] == served["total_tokens"]
 
 
-@pytest.mark.parametrize(
-    ("tools", "betas", "param"),
-    [
-        ([{"type": "web_search_20250305", "name": "web_search"}], [], "tools[0].type"),
-        ([], ["context-management-2025-06-27"], "anthropic-beta"),
-    ],
-)
-def test_what_bedrock_does_not_run_is_refused_naming_it_and_costs_nothing(
-    fake: Mock, mock: Mock, flushed: LocalValkey, tools: list[Any], betas: list[str], param: str
+def test_a_server_tool_is_refused_naming_it_and_costs_nothing_while_claude_codes_betas_run(
+    fake: Mock, mock: Mock, flushed: LocalValkey
 ) -> None:
-    """An Anthropic-format request on a Bedrock route: a server tool, or a beta Bedrock does
-    not take, is a 400 naming it (sent without it, the request would not do what it asks),
-    and nothing is billed; a beta Bedrock takes, with one that only names the client, runs."""
+    """An Anthropic-format request on a Bedrock route: a server tool is a 400 naming it
+    (Bedrock does not run one; sent without it, the request would not do what it asks) and
+    nothing is billed. Claude Code's betas run: those Bedrock takes are sent, the others (the
+    fake, like Bedrock, answers "invalid beta flag" to them) are not."""
     data = config(fake, mock, flushed)
     data["routes"][-3]["price"] = {**PRICE, "web_search_per_1000": 10.0}  # priced, still refused
     with (
@@ -299,11 +293,14 @@ def test_what_bedrock_does_not_run_is_refused_naming_it_and_costs_nothing(
             "model": "claude", "max_tokens": 50, "metadata": {"user_id": "alpha"},
             "messages": [{"role": "user", "content": "hi [mock:tokens=4]"}],
         }  # fmt: skip
+        web_search = [{"type": "web_search_20250305", "name": "web_search"}]
         with pytest.raises(anthropic.BadRequestError) as caught:
-            client.beta.messages.create(**ask, tools=tools, betas=betas)
-        assert param in caught.value.message
+            client.beta.messages.create(**ask, tools=web_search)
+        assert "tools[0].type" in caught.value.message
         used = ledger(base)[("tenant", "total_tokens")]
         assert used["used"] == used["reserved"] == 0
-        fine = ["claude-code-20250219", "interleaved-thinking-2025-05-14"]
-        message = client.beta.messages.create(**ask, betas=fine)
+        claude_code = ["claude-code-20250219", "interleaved-thinking-2025-05-14",
+                       "context-management-2025-06-27", "prompt-caching-scope-2026-01-05",
+                       "effort-2025-11-24", "fine-grained-tool-streaming-2025-05-14"]  # fmt: skip
+        message = client.beta.messages.create(**ask, betas=claude_code)
         assert message.usage.output_tokens == 4

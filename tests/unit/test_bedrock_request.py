@@ -11,7 +11,9 @@ import pytest
 from hardcap_core.chat import ChatRequest
 from hardcap_core.config import Route, parse_config
 from hardcap_core.errors import InvalidRequest
+from hardcap_core.local.bedrock_fake import BETAS_BEDROCK_TAKES
 from hardcap_core.providers.bedrock_request import converse_params
+from hardcap_core.wire.anthropic_request import parse_messages_request, with_headers
 from hardcap_core.wire.openai_request import parse_chat_request
 from tests.pdf_samples import pages_pdf
 
@@ -226,3 +228,17 @@ def test_user_and_metadata_become_request_metadata_within_its_limits() -> None:
 def test_messages_converse_cannot_express_are_a_400(message: dict[str, Any]) -> None:
     with pytest.raises(InvalidRequest):
         params([{"role": "user", "content": "hi"}, message])
+
+
+def test_only_the_betas_bedrock_takes_are_sent() -> None:
+    """Claude Code's defaults on a Bedrock route: those Bedrock takes go in anthropic_beta,
+    the others (Bedrock answers them "invalid beta flag") are not sent."""
+    body = {"model": "r", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+    chat = with_headers(
+        parse_messages_request(json.dumps(body).encode()),
+        {"anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14,"
+                           "context-management-2025-06-27,prompt-caching-scope-2026-01-05"},
+    )  # fmt: skip
+    sent = converse_params(route(), chat, 10)["additionalModelRequestFields"]["anthropic_beta"]
+    assert sent == ["interleaved-thinking-2025-05-14"]
+    assert all(beta in BETAS_BEDROCK_TAKES for beta in sent)
