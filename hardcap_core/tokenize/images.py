@@ -41,16 +41,15 @@ from hardcap_core.wire.media import (
     data_url_payload,
     image_size,
     image_tokens,
+    tiles,
 )
 
 Size = tuple[int, int]
 RuleName = Literal["auto", "tile", "patch", "anthropic"]
 
-# OpenAI's tile rule: fit in 2048 x 2048, shortest side to 768, 512-px tiles. The largest image
-# after scaling is 2048 x 768: 4 x 2 tiles.
-FIT_PX = 2048
-SHORT_SIDE_PX = 768
-TILE_PX = 512
+# OpenAI's tile rule: fit in 2048 x 2048, shortest side to 768, 512-px tiles (the scaling is
+# wire/media.py's, which counts GPT-4o's tiles at parse). The largest image after scaling is
+# 2048 x 768: 4 x 2 tiles.
 MAX_TILES = 8
 # OpenAI's patch rule: 32-px patches, at most 1,536 of them.
 PATCH_PX = 32
@@ -76,16 +75,7 @@ class TileRule:
             return self.base
         if size is None:
             return self.largest()
-        width, height = float(size[0]), float(size[1])
-        if max(width, height) > FIT_PX:
-            scale = FIT_PX / max(width, height)
-            width, height = width * scale, height * scale
-        if min(width, height) > SHORT_SIDE_PX:
-            scale = SHORT_SIDE_PX / min(width, height)
-            width, height = width * scale, height * scale
-        # Rounded first: 1024 * (768 / 1024) must be 768, one tile edge, not 768.0000001.
-        tiles = math.ceil(round(width, 6) / TILE_PX) * math.ceil(round(height, 6) / TILE_PX)
-        return self.base + self.tile * min(tiles, MAX_TILES)
+        return self.base + self.tile * min(tiles(size), MAX_TILES)
 
     def largest(self) -> int:
         """The most one image can cost: 2048 x 768 after scaling, 8 tiles."""

@@ -120,13 +120,9 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def image_tokens(size: tuple[int, int] | None, detail: str | None) -> int:
-    """Tokens of one image by OpenAI's rule (see the module docstring); the bound over every
-    size when ``size`` is None."""
-    if detail == "low":
-        return LOW_DETAIL_TOKENS
-    if size is None:
-        return IMAGE_BOUND_TOKENS
+def tiles(size: tuple[int, int]) -> int:
+    """The 512-px tiles of an image of ``size`` by OpenAI's tile rule: scaled to fit in
+    2048 x 2048, then down so its shortest side is at most 768 px (at most 4 x 2 tiles)."""
     width, height = float(size[0]), float(size[1])
     if max(width, height) > FIT_PX:
         scale = FIT_PX / max(width, height)
@@ -135,8 +131,17 @@ def image_tokens(size: tuple[int, int] | None, detail: str | None) -> int:
         scale = SHORT_SIDE_PX / min(width, height)
         width, height = width * scale, height * scale
     # Rounded first: 1024 * (768 / 1024) must be 768, one tile edge, not 768.0000001.
-    tiles = math.ceil(round(width, 6) / TILE_PX) * math.ceil(round(height, 6) / TILE_PX)
-    return LOW_DETAIL_TOKENS + TILE_TOKENS * tiles
+    return math.ceil(round(width, 6) / TILE_PX) * math.ceil(round(height, 6) / TILE_PX)
+
+
+def image_tokens(size: tuple[int, int] | None, detail: str | None) -> int:
+    """Tokens of one image by OpenAI's rule (see the module docstring); the bound over every
+    size when ``size`` is None."""
+    if detail == "low":
+        return LOW_DETAIL_TOKENS
+    if size is None:
+        return IMAGE_BOUND_TOKENS
+    return LOW_DETAIL_TOKENS + TILE_TOKENS * tiles(size)
 
 
 def url_image_tokens(url: str, detail: str | None) -> int:
