@@ -96,6 +96,20 @@ def config_data(mock_url: str, redis_url: str, **overrides: Any) -> dict[str, An
     return data
 
 
+def route_config(**route: Any) -> dict[str, Any]:
+    """A config of one route `r` (``route`` its fields) on upstream `u`, with an Anthropic
+    upstream `a` beside it, all on ports nothing listens on: what parse_config makes of a
+    route, with no server started."""
+    return {
+        "gateway": {"redis_url": "redis://127.0.0.1:1"},
+        "upstreams": [
+            {"name": "u", "base_url": "http://127.0.0.1:1/v1"},
+            {"name": "a", "kind": "anthropic", "base_url": "http://127.0.0.1:1/v1"},
+        ],
+        "routes": [{"name": "r", "upstream": "u", **route}],
+    }
+
+
 def _set(data: dict[str, Any], path: str, value: Any) -> None:
     """Set ``tenants.0.budgets`` style paths in the config dict."""
     *parents, last = path.split(".")

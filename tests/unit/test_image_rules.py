@@ -30,6 +30,7 @@ from hardcap_core.wire.anthropic_request import parse_messages_request
 from hardcap_core.wire.openai_request import parse_chat_request
 from hardcap_core.wire.openai_responses_request import parse_responses_request
 from tests.input_shapes import png
+from tests.stack import route_config
 
 
 def data_url(width: int, height: int) -> str:
@@ -127,20 +128,9 @@ def test_an_unknown_model_is_billed_by_the_dearest_rule(model: str) -> None:
     assert rules_for("sonnet", "anthropic") == (CLAUDE, CLAUDE_HIGH_RES)
 
 
-def config(**route: Any) -> dict[str, Any]:
-    return {
-        "gateway": {"redis_url": "redis://127.0.0.1:1"},
-        "upstreams": [
-            {"name": "u", "base_url": "http://127.0.0.1:1/v1"},
-            {"name": "a", "kind": "anthropic", "base_url": "http://127.0.0.1:1/v1"},
-        ],
-        "routes": [{"name": "r", "upstream": "u", **route}],
-    }
-
-
 def test_a_route_may_name_its_rule_and_numbers() -> None:
     def rules(**route: Any) -> Any:
-        return parse_config(config(**route)).routes["r"].image_rules
+        return parse_config(route_config(**route)).routes["r"].image_rules
 
     assert rules(model="gpt-4o-mini") == (GPT_4O_MINI,)
     assert rules(model="vision-ft", image_rule="tile") == (GPT_4O_MINI,)  # the dearest tile
@@ -161,7 +151,7 @@ def test_a_route_may_name_its_rule_and_numbers() -> None:
         {"image_rule": "pixels"},
     ]:
         with pytest.raises(ConfigError) as e:
-            parse_config(config(model="m", **wrong))
+            parse_config(route_config(model="m", **wrong))
         assert "image_" in str(e.value) or "multiplier" in str(e.value)
 
 
@@ -185,7 +175,7 @@ def chat_body(model: str, url: str, detail: str | None = None) -> dict[str, Any]
 def test_a_routes_bound_holds_what_its_model_bills(model: str, url: str) -> None:
     """The bound of an OpenAI chat request with an image is at least what the mock bills (as
     OpenAI bills it, by the model's rule); before, gpt-4o-mini was held GPT-4o's 765."""
-    counts = InputCounts(parse_config(config(model=model)))
+    counts = InputCounts(parse_config(route_config(model=model)))
     body = chat_body(model, url)
     chat = parse_chat_request(json.dumps(body).encode())
     route = counts.chains["r"][0]
@@ -198,7 +188,7 @@ def test_a_routes_bound_holds_what_its_model_bills(model: str, url: str) -> None
 def test_every_wire_format_is_held_its_models_bill() -> None:
     """Responses' input_image and Anthropic's image blocks (base64 and url) reach the same
     rule: they are translated to image_url parts."""
-    counts = InputCounts(parse_config(config(model="gpt-4o-mini")))
+    counts = InputCounts(parse_config(route_config(model="gpt-4o-mini")))
     route = counts.chains["r"][0]
     url = data_url(1024, 1024)
     responses = {
@@ -222,7 +212,7 @@ def test_every_wire_format_is_held_its_models_bill() -> None:
 
 
 def test_a_chain_is_held_its_dearest_targets_images() -> None:
-    data = config(model="gpt-4o", fallbacks=["mini", "claude"])
+    data = route_config(model="gpt-4o", fallbacks=["mini", "claude"])
     data["routes"] += [
         {"name": "mini", "upstream": "u", "model": "gpt-4o-mini"},
         {"name": "claude", "upstream": "a", "model": "claude-opus-4-7"},
@@ -237,7 +227,7 @@ def test_a_chain_is_held_its_dearest_targets_images() -> None:
 @pytest.mark.parametrize("model", ["o3", "gpt-5", "computer-use-preview", "claude-sonnet-4-5"])
 def test_a_model_that_bills_less_than_gpt_4o_is_held_its_own_bill(model: str) -> None:
     """The parse counted GPT-4o's rule; the route's rule replaces it, down as well as up."""
-    counts = InputCounts(parse_config(config(model=model)))
+    counts = InputCounts(parse_config(route_config(model=model)))
     route = counts.chains["r"][0]
     with_image = parse_chat_request(json.dumps(chat_body(model, data_url(800, 600))).encode())
     text = parse_chat_request(
@@ -256,7 +246,7 @@ def test_a_model_that_bills_less_than_gpt_4o_is_held_its_own_bill(model: str) ->
 
 async def test_the_routes_tokenizer_count_holds_its_models_images_too() -> None:
     """Where the bound does not fit, the route's count replaces it: images by the same rule."""
-    counts = InputCounts(parse_config(config(model="gpt-4o-mini")))
+    counts = InputCounts(parse_config(route_config(model="gpt-4o-mini")))
     route = counts.chains["r"][0]
     body = chat_body("gpt-4o-mini", data_url(1024, 1024))
     chat = parse_chat_request(json.dumps(body).encode())
@@ -269,7 +259,7 @@ async def test_the_routes_tokenizer_count_holds_its_models_images_too() -> None:
     "gpt-4.1-nano", "o4-mini", "gpt-5-mini", "gpt-5-nano", "claude-3-5-sonnet", "mystery",
 ])  # fmt: skip
 def test_no_size_or_detail_is_held_less_than_the_mock_bills(model: str) -> None:
-    counts = InputCounts(parse_config(config(model=model)))
+    counts = InputCounts(parse_config(route_config(model=model)))
     route = counts.chains["r"][0]
     for width, height in [(1, 1), (31, 4000), (513, 513), (767, 769), (2049, 1000), (6000, 90)]:
         for detail in (None, "low", "high", "auto"):

@@ -43,6 +43,7 @@ from hardcap_core.wire.openai_input import exact_input_tokens, input_tokens
 from hardcap_core.wire.openai_request import parse_chat_request
 from tests.input_shapes import CJK, EMOJI, OTHER_SCRIPTS, PROSE, SHAPES, crafted_letters, shape
 from tests.input_shapes import greedy_text as greedy
+from tests.stack import route_config
 
 ENCODINGS = ("o200k_base", "cl100k_base")
 ROOT = Path(__file__).resolve().parents[2]
@@ -370,30 +371,21 @@ def test_default_tokenizer_by_model_family(model: str, tokenizer: str) -> None:
     assert default_tokenizer(model) == tokenizer
 
 
-def config(**route: Any) -> dict[str, Any]:
-    return {
-        "gateway": {"redis_url": "redis://127.0.0.1:1"},
-        "upstreams": [
-            {"name": "u", "base_url": "http://127.0.0.1:1/v1"},
-            {"name": "a", "kind": "anthropic", "base_url": "http://127.0.0.1:1/v1"},
-        ],
-        "routes": [{"name": "r", "upstream": "u", **route}],
-    }
-
-
 def test_config_takes_a_tokenizer_and_refuses_what_it_cannot_do() -> None:
-    route = parse_config(config(model="gpt-4o")).routes["r"]
+    route = parse_config(route_config(model="gpt-4o")).routes["r"]
     assert (route.tokenizer, route.exact_count, route.count_api) == (
         "o200k_base", "when_needed", False,
     )  # fmt: skip
-    route = parse_config(config(model="gpt-4o", tokenizer="bound", exact_count="always")).routes
+    route = parse_config(
+        route_config(model="gpt-4o", tokenizer="bound", exact_count="always")
+    ).routes
     assert (route["r"].tokenizer, route["r"].exact_count) == ("bound", "always")
     with pytest.raises(ConfigError, match="tokenizer"):
-        parse_config(config(tokenizer="p50k_base"))
+        parse_config(route_config(tokenizer="p50k_base"))
     with pytest.raises(ConfigError, match="count_api needs tokenizer anthropic"):
-        parse_config(config(model="gpt-4o", count_api=True))
+        parse_config(route_config(model="gpt-4o", count_api=True))
     with pytest.raises(ConfigError, match="needs an anthropic upstream"):
-        parse_config(config(model="claude-sonnet-4-5", count_api=True))
+        parse_config(route_config(model="claude-sonnet-4-5", count_api=True))
 
 
 def test_a_route_whose_vocabulary_is_not_shipped_fails_at_startup(
@@ -401,14 +393,14 @@ def test_a_route_whose_vocabulary_is_not_shipped_fails_at_startup(
 ) -> None:
     monkeypatch.setattr(vocabularies, "data_dir", lambda: tmp_path)
     with pytest.raises(ConfigError, match="'o200k_base' is not shipped"):
-        InputCounts(parse_config(config(model="gpt-4o")))
-    InputCounts(parse_config(config(model="llama")))  # the bound needs no vocabulary
+        InputCounts(parse_config(route_config(model="gpt-4o")))
+    InputCounts(parse_config(route_config(model="llama")))  # the bound needs no vocabulary
 
 
 async def test_an_unusable_vocabulary_falls_back_to_the_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    counts = InputCounts(parse_config(config(model="gpt-4o")))
+    counts = InputCounts(parse_config(route_config(model="gpt-4o")))
     route = counts.chains["r"][0]
     chat = parse_chat_request(json.dumps({"model": "r", "messages": COOKBOOK}).encode())
     (tmp_path / "o200k_base.tiktoken.gz").write_bytes(gzip.compress(b"bm90 0\n"))
@@ -455,14 +447,14 @@ def test_the_build_keeps_only_the_vocabularies_the_routes_use(tmp_path: Path) ->
         "o200k_base.tiktoken.gz", "cl100k_base.tiktoken.gz",
     }  # fmt: skip
     yaml = tmp_path / "config.yaml"
-    yaml.write_text(json.dumps(config(model="gpt-4o-mini")))  # JSON is YAML
+    yaml.write_text(json.dumps(route_config(model="gpt-4o-mini")))  # JSON is YAML
     main = vocabularies.main
     assert main(["prune", str(site), str(yaml)]) == 0
     assert {p.name for p in data.glob("*.tiktoken.gz")} == {"o200k_base.tiktoken.gz"}
-    yaml.write_text(json.dumps(config(model="llama-3.3-70b")))
+    yaml.write_text(json.dumps(route_config(model="llama-3.3-70b")))
     assert main(["prune", str(site), str(yaml)]) == 0
     assert not list(data.glob("*.tiktoken.gz"))
-    claude = config(model="claude-sonnet-4-5")
+    claude = route_config(model="claude-sonnet-4-5")
     claude["routes"][0]["upstream"] = "a"
     assert vocabularies.used_by(parse_config(claude)) == {"cl100k_base"}  # calibrated bound's
 
@@ -471,7 +463,7 @@ async def test_a_chain_is_counted_as_its_dearest_target_bills() -> None:
     """A route falling back to an Anthropic model is counted by both targets, the larger
     (with what Anthropic bills beyond OpenAI's rules); one falling back to a route without a
     tokenizer keeps the bound (nothing to gain)."""
-    data = config(model="gpt-4o", fallbacks=["claude"])
+    data = route_config(model="gpt-4o", fallbacks=["claude"])
     data["routes"] += [
         {"name": "claude", "upstream": "a", "model": "claude-sonnet-4-5"},
         {"name": "plain", "upstream": "u", "model": "gpt-4o", "fallbacks": ["llama"]},
@@ -511,7 +503,7 @@ async def test_the_count_is_made_only_where_the_bound_is_short(
         "rpm": refused(Refusal.RATE_LIMITED, "requests"),
         "admitted": "admitted",
     }
-    counts = InputCounts(parse_config(config(model="gpt-4o")))
+    counts = InputCounts(parse_config(route_config(model="gpt-4o")))
     route = counts.chains["r"][0]
     chat = parse_chat_request(json.dumps({"model": "r", "messages": COOKBOOK}).encode())
     asked: list[int] = []
