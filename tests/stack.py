@@ -8,21 +8,31 @@ the local stand-in for separate Lambda execution environments, launched by
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
+import pytest
 
 from hardcap_core.auth import hash_key
 from hardcap_core.config import parse_config
 from hardcap_core.local.mock_upstream import MockSettings, create_mock_app
 from hardcap_core.local.servers import ThreadServer
 from hardcap_core.local.stack import gateways
-from hardcap_core.local.valkey import free_port
+from hardcap_core.local.valkey import LocalValkey, free_port
+
+if TYPE_CHECKING:  # the SDKs are imported by the tests that open one, not by every test
+    import anthropic
+    import openai
 
 KEYS = {"alpha": "sk-test-alpha", "beta": "sk-test-beta", "open": "sk-test-open"}
+# Where the gateway finds the key of upstream `claude` (:func:`anthropic_config`).
+ANTHROPIC_KEY_ENV = "HC_TEST_ANTHROPIC_KEY"
+# The SDK clients the running test opened (openai_client, anthropic_client): the end-to-end
+# tests' conftest closes them after each test, so no keep-alive socket outlives it.
+OPENED: list[openai.OpenAI | anthropic.Anthropic] = []
 
 
 def config_data(mock_url: str, redis_url: str, **overrides: Any) -> dict[str, Any]:
@@ -96,6 +106,17 @@ def config_data(mock_url: str, redis_url: str, **overrides: Any) -> dict[str, An
     return data
 
 
+def anthropic_config(mock: Mock, valkey: LocalValkey) -> dict[str, Any]:
+    """The test config with upstream `claude` beside `mock`: the mock in its Anthropic mode, its
+    key read from :data:`ANTHROPIC_KEY_ENV` (the test sets it)."""
+    data = config_data(mock.url, valkey.url)
+    data["upstreams"].append(
+        {"name": "claude", "kind": "anthropic", "base_url": f"{mock.url}/v1",
+         "timeout_seconds": 5, "api_key_env": ANTHROPIC_KEY_ENV}
+    )  # fmt: skip
+    return data
+
+
 def route_config(**route: Any) -> dict[str, Any]:
     """A config of one route `r` (``route`` its fields) on upstream `u`, with an Anthropic
     upstream `a` beside it, all on ports nothing listens on: what parse_config makes of a
@@ -147,10 +168,30 @@ class Mock:
                 return dict(row)
             time.sleep(0.02)
 
+    def received(self) -> list[dict[str, Any]]:
+        """The last Messages requests the Anthropic mode was sent (path, betas, body)."""
+        r = self.http.get("/mock/anthropic/received")
+        r.raise_for_status()
+        got: list[dict[str, Any]] = r.json()
+        return got
+
     def stop(self) -> None:
         self.http.close()
         if self.server is not None:
             self.server.stop()
+
+
+def mock_fixture(settings: MockSettings) -> Callable[[], Iterator[Mock]]:
+    """A module's ``mock`` fixture (``mock = mock_fixture(...)``): the mock upstream with
+    ``settings``, shared by the module's tests."""
+
+    @pytest.fixture(scope="module", name="mock")
+    def fixture() -> Iterator[Mock]:
+        m = Mock(settings)
+        yield m
+        m.stop()
+
+    return fixture
 
 
 @contextmanager
@@ -163,6 +204,30 @@ def gateway_thread(data: dict[str, Any]) -> Iterator[str]:
         yield f"{server.url}/v1"
     finally:
         server.stop()
+
+
+def gateway(mock: Mock, valkey: LocalValkey, **overrides: Any) -> AbstractContextManager[str]:
+    """A gateway in this process with the test config on ``mock`` and ``valkey`` (``overrides``
+    as :func:`config_data` takes them); yields its /v1 base URL."""
+    return gateway_thread(config_data(mock.url, valkey.url, **overrides))
+
+
+def openai_client(base: str, key: str = KEYS["alpha"]) -> openai.OpenAI:
+    """The `openai` SDK on the gateway at ``base``, no retries, closed after the test."""
+    import openai
+
+    OPENED.append(sdk := openai.OpenAI(base_url=base, api_key=key, max_retries=0))
+    return sdk
+
+
+def anthropic_client(base: str, key: str = KEYS["alpha"]) -> anthropic.Anthropic:
+    """The `anthropic` SDK on the gateway at ``base`` (a /v1 URL: the SDK is given the root and
+    adds /v1 itself), no retries, closed after the test."""
+    import anthropic
+
+    root = base.removesuffix("/v1")
+    OPENED.append(sdk := anthropic.Anthropic(base_url=root, api_key=key, max_retries=0))
+    return sdk
 
 
 @contextmanager

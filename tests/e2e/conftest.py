@@ -9,15 +9,19 @@ import redis
 
 from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.valkey import LocalValkey
-from tests.stack import Mock, config_data, gateway_thread
+from tests.stack import OPENED, Mock, config_data, gateway_thread, mock_fixture
+
+# The mock upstream, fast and seeded, shared by a module's tests (a module may have its own).
+mock = mock_fixture(MockSettings(pace_ms=0.5, seed=5))
 
 
-@pytest.fixture(scope="module")
-def mock() -> Iterator[Mock]:
-    """The mock upstream, fast and seeded, shared by a module's tests."""
-    m = Mock(MockSettings(pace_ms=0.5, seed=5))
-    yield m
-    m.stop()
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    """Closes the SDK clients the test opened with tests.stack's openai_client and
+    anthropic_client."""
+    yield
+    while OPENED:
+        OPENED.pop().close()
 
 
 @pytest.fixture

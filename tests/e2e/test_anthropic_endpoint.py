@@ -5,7 +5,6 @@ thinking, truncation at the budget, errors, and usage equal to the mock's ground
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -14,7 +13,8 @@ import pytest
 
 from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.valkey import LocalValkey
-from tests.stack import KEYS, Mock, config_data, gateway_thread
+from tests.stack import KEYS, Mock, config_data, gateway, gateway_thread, mock_fixture
+from tests.stack import anthropic_client as client
 
 HI: Any = [{"role": "user", "content": "Say something about budgets."}]
 ALPHA: Any = {"user_id": "alpha"}  # becomes the OpenAI `user`, the mock's tenant
@@ -27,32 +27,7 @@ WEATHER: Any = [
 ]
 
 
-@pytest.fixture(scope="module")
-def mock() -> Iterator[Mock]:
-    m = Mock(MockSettings(pace_ms=0.5, seed=17))
-    yield m
-    m.stop()
-
-
-_clients: list[anthropic.Anthropic] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _clients:
-        _clients.pop().close()
-
-
-def gateway(mock: Mock, valkey: LocalValkey, **overrides: Any) -> Any:
-    return gateway_thread(config_data(mock.url, valkey.url, **overrides))
-
-
-def client(base: str, key: str = KEYS["alpha"]) -> anthropic.Anthropic:
-    """The SDK pointed at the gateway's root (it adds /v1 itself), closed after the test."""
-    root = base.removesuffix("/v1")
-    _clients.append(anthropic.Anthropic(base_url=root, api_key=key, max_retries=0))
-    return _clients[-1]
+mock = mock_fixture(MockSettings(pace_ms=0.5, seed=17))
 
 
 def used(base: str, dimension: str = "total_tokens") -> dict[str, Any]:

@@ -6,7 +6,6 @@ budget refused whole; a route whose provider has no embeddings refused naming th
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -15,31 +14,13 @@ import pytest
 
 from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.valkey import LocalValkey
-from tests.stack import KEYS, Mock, config_data, gateway_thread
+from tests.stack import KEYS, Mock, config_data, gateway_thread, mock_fixture
+from tests.stack import openai_client as client
 
 AUTH = {"authorization": f"Bearer {KEYS['alpha']}"}
 
 
-@pytest.fixture(scope="module")
-def mock() -> Iterator[Mock]:
-    m = Mock(MockSettings(pace_ms=0.5, seed=29))
-    yield m
-    m.stop()
-
-
-_clients: list[openai.OpenAI] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _clients:
-        _clients.pop().close()
-
-
-def client(base: str) -> openai.OpenAI:
-    _clients.append(openai.OpenAI(base_url=base, api_key=KEYS["alpha"], max_retries=0))
-    return _clients[-1]
+mock = mock_fixture(MockSettings(pace_ms=0.5, seed=29))
 
 
 def used(base: str) -> dict[str, Any]:

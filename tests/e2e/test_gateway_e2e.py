@@ -6,7 +6,6 @@ import io
 import json
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,36 +17,13 @@ from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.valkey import LocalValkey
 from hardcap_core.logs import logger
 from hardcap_core.rollup.records import parse_entry
-from tests.stack import KEYS, Mock, config_data, gateway_thread
+from tests.stack import KEYS, Mock, gateway, mock_fixture
+from tests.stack import openai_client as client
 
 HI = [{"role": "user", "content": "Say something about budgets."}]
 
 
-@pytest.fixture(scope="module")
-def mock() -> Iterator[Mock]:
-    m = Mock(MockSettings(pace_ms=1.0, seed=11))
-    yield m
-    m.stop()
-
-
-def gateway(mock: Mock, valkey: LocalValkey, **overrides: Any) -> Any:
-    return gateway_thread(config_data(mock.url, valkey.url, **overrides))
-
-
-_clients: list[openai.OpenAI] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _clients:
-        _clients.pop().close()
-
-
-def client(base: str, key: str = KEYS["alpha"]) -> openai.OpenAI:
-    """An SDK client, closed after the test (no leaked keep-alive sockets)."""
-    _clients.append(openai.OpenAI(base_url=base, api_key=key, max_retries=0))
-    return _clients[-1]
+mock = mock_fixture(MockSettings(pace_ms=1.0, seed=11))
 
 
 def usage(base: str, key: str = KEYS["alpha"]) -> dict[str, Any]:

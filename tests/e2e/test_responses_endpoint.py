@@ -19,7 +19,8 @@ from hardcap_core.local.bedrock_fake import CREDENTIALS_ENV, FakeSettings, creat
 from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.servers import ThreadServer
 from hardcap_core.local.valkey import LocalValkey, free_port
-from tests.stack import KEYS, Mock, config_data, gateway_thread
+from tests.stack import KEYS, Mock, config_data, gateway, gateway_thread, mock_fixture
+from tests.stack import openai_client as client
 
 HI = "Say something about budgets."
 WEATHER: Any = [
@@ -33,30 +34,7 @@ WEATHER: Any = [
 ]
 
 
-@pytest.fixture(scope="module")
-def mock() -> Iterator[Mock]:
-    m = Mock(MockSettings(pace_ms=0.5, seed=23))
-    yield m
-    m.stop()
-
-
-_clients: list[openai.OpenAI] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _clients:
-        _clients.pop().close()
-
-
-def gateway(mock: Mock, valkey: LocalValkey, **overrides: Any) -> Any:
-    return gateway_thread(config_data(mock.url, valkey.url, **overrides))
-
-
-def client(base: str, key: str = KEYS["alpha"]) -> openai.OpenAI:
-    _clients.append(openai.OpenAI(base_url=base, api_key=key, max_retries=0))
-    return _clients[-1]
+mock = mock_fixture(MockSettings(pace_ms=0.5, seed=23))
 
 
 def used(base: str, dimension: str = "total_tokens") -> dict[str, Any]:

@@ -8,7 +8,6 @@ store false, a route that keeps nothing, the size bound and the TTL."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,49 +17,18 @@ import redis
 
 from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.valkey import LocalValkey
-from tests.e2e.test_responses_endpoint import KEY_ENV, claude
+from tests.e2e.test_responses_endpoint import KEY_ENV, WEATHER, claude
 from tests.e2e.test_user_budgets import issuer, token, users_config
 from tests.jwks_server import JwksServer
-from tests.stack import KEYS, Mock, config_data, gateway_thread
+from tests.stack import KEYS, Mock, gateway, gateway_thread, mock_fixture
+from tests.stack import openai_client as client
 
 __all__ = ["issuer"]  # the identity provider's fixture, for the users' test
 
 HI = "Say something about budgets. [mock:tokens=12]"
-WEATHER: Any = [
-    {
-        "type": "function",
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        "strict": False,
-    }
-]
 
 
-@pytest.fixture(scope="module")
-def mock() -> Iterator[Mock]:
-    m = Mock(MockSettings(pace_ms=0.2, seed=29))
-    yield m
-    m.stop()
-
-
-_clients: list[openai.OpenAI] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _clients:
-        _clients.pop().close()
-
-
-def gateway(mock: Mock, valkey: LocalValkey, **overrides: Any) -> Any:
-    return gateway_thread(config_data(mock.url, valkey.url, **overrides))
-
-
-def client(base: str, key: str = KEYS["alpha"]) -> openai.OpenAI:
-    _clients.append(openai.OpenAI(base_url=base, api_key=key, max_retries=0))
-    return _clients[-1]
+mock = mock_fixture(MockSettings(pace_ms=0.2, seed=29))
 
 
 def tagged() -> dict[str, str]:

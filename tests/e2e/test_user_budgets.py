@@ -44,7 +44,8 @@ from tests.jwt_issuer import (
     raw_token,
     rsa_key,
 )
-from tests.stack import Mock, config_data, gateway_thread
+from tests.stack import Mock, anthropic_client, config_data, gateway_thread
+from tests.stack import openai_client as client  # a key or a token as its api_key
 
 SSO = rsa_key("corp-1")
 ROTATED = rsa_key("corp-2")
@@ -59,16 +60,6 @@ def issuer() -> Iterator[JwksServer]:
     """The identity provider's key set URL, publishing :data:`SSO`."""
     with jwks_server(SSO) as server:
         yield server
-
-
-_clients: list[Any] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _clients:
-        _clients.pop().close()
 
 
 def users_config(
@@ -114,19 +105,6 @@ def users_config(
 def token(user: str, *, key: SigningKey = SSO, **overrides: Any) -> str:
     """A token of ``user`` in group ml, valid for five minutes from now."""
     return mint(key, claims(time.time(), sub=user, groups=["ml"], **overrides))
-
-
-def client(base: str, credential: str) -> openai.OpenAI:
-    """The OpenAI SDK with a key or a token as its api_key, closed after the test."""
-    sdk = openai.OpenAI(base_url=base, api_key=credential, max_retries=0)
-    _clients.append(sdk)
-    return sdk
-
-
-def anthropic_client(base: str, key: str) -> anthropic.Anthropic:
-    sdk = anthropic.Anthropic(base_url=base.removesuffix("/v1"), api_key=key, max_retries=0)
-    _clients.append(sdk)
-    return sdk
 
 
 def ask(tokens: int, pace_ms: float = 0.5) -> list[Any]:
