@@ -13,14 +13,20 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
-import redis
 
 from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.valkey import LocalValkey
-from tests.stack import KEYS, Mock, config_data, gateway_thread
+from tests.stack import (
+    ANTHROPIC_KEY_ENV,
+    KEYS,
+    Mock,
+    anthropic_client,
+    anthropic_config,
+    gateway_thread,
+    mock_fixture,
+)
 from tests.unit.test_field_policies import CLAUDE_CODE
 
-KEY_ENV = "HC_TEST_ANTHROPIC_KEY"
 PRICE = {"input_per_million": 3.0, "output_per_million": 15.0, "cached_input_per_million": 0.3,
          "cache_write_per_million": 3.75}  # fmt: skip
 NUSD = {"input": 3_000, "read": 300, "written": 3_750, "output": 15_000}  # per token
@@ -28,43 +34,21 @@ LONG = "The repository's conventions, which every turn sends again. " * 200
 BETAS = ["claude-code-20250219", "interleaved-thinking-2025-05-14", "context-management-2025-06-27"]
 
 
-@pytest.fixture(scope="module")
-def mock() -> Iterator[Mock]:
-    m = Mock(MockSettings(pace_ms=0.2, seed=31))
-    yield m
-    m.stop()
+mock = mock_fixture(MockSettings(pace_ms=0.2, seed=31))
 
 
 @pytest.fixture
 def stack(
-    valkey: LocalValkey, mock: Mock, monkeypatch: pytest.MonkeyPatch
+    flushed: LocalValkey, mock: Mock, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[str, anthropic.Anthropic]]:
-    monkeypatch.setenv(KEY_ENV, "sk-ant-test")
-    with redis.Redis.from_url(valkey.url) as r:
-        r.flushall()
-    mock.reset()
-    data = config_data(mock.url, valkey.url)
-    data["upstreams"].append(
-        {"name": "claude", "kind": "anthropic", "base_url": f"{mock.url}/v1",
-         "timeout_seconds": 5, "api_key_env": KEY_ENV}
-    )  # fmt: skip
+    monkeypatch.setenv(ANTHROPIC_KEY_ENV, "sk-ant-test")
+    data = anthropic_config(mock, flushed)
     data["routes"].append(
         {"name": "claude", "upstream": "claude", "model": "mock-small", "price": PRICE,
          "max_output_tokens": 4096}
     )  # fmt: skip
     with gateway_thread(data) as base:
-        sdk = anthropic.Anthropic(
-            base_url=base.removesuffix("/v1"), api_key=KEYS["alpha"], max_retries=0
-        )
-        with sdk:
-            yield base, sdk
-
-
-def received(mock: Mock) -> list[dict[str, Any]]:
-    r = httpx.get(f"{mock.url}/mock/anthropic/received")
-    r.raise_for_status()
-    got: list[dict[str, Any]] = r.json()
-    return got
+        yield base, anthropic_client(base)
 
 
 def tenant_usage(base: str) -> dict[str, Any]:
@@ -86,7 +70,7 @@ def test_claude_codes_stream_reaches_anthropic_unchanged(
     base, sdk = stack
     body = claude_code()
     body["messages"][-1]["content"].append({"type": "text", "text": "hi [mock:tokens=12]"})
-    before = len(received(mock))
+    before = len(mock.received())
     stream = sdk.beta.messages.create(**body, betas=BETAS)
     events = list(stream)
     assert events[-1].type == "message_stop"
@@ -96,7 +80,7 @@ def test_claude_codes_stream_reaches_anthropic_unchanged(
         if e.type == "content_block_delta" and e.delta.type == "text_delta"
     )
     assert text
-    sent = received(mock)[before:]
+    sent = mock.received()[before:]
     assert len(sent) == 1 and sent[0]["path"] == "/v1/messages"
     assert sent[0]["anthropic_beta"] == ",".join(BETAS)
     # The gateway sets the upstream model and the cap; everything else is the client's own.
@@ -113,7 +97,7 @@ def test_a_whole_reply_keeps_the_fields_too(
     body["messages"][-1]["content"].append({"type": "text", "text": "hi [mock:tokens=5]"})
     message = sdk.beta.messages.create(**body, betas=BETAS[:1])
     assert message.content and message.usage.output_tokens == 5
-    sent = received(mock)[-1]
+    sent = mock.received()[-1]
     assert sent["body"] == {
         **{k: v for k, v in body.items() if k != "stream"},
         "model": "mock-small",
@@ -134,12 +118,12 @@ def test_a_refused_field_is_a_400_naming_it_and_costs_nothing(
     mock: Mock, stack: tuple[str, anthropic.Anthropic], extra: dict[str, Any], param: str
 ) -> None:
     base, sdk = stack
-    before = len(received(mock))
+    before = len(mock.received())
     with pytest.raises(anthropic.BadRequestError) as caught:
         sdk.beta.messages.create(**claude_code(**extra), betas=BETAS)
     assert caught.value.status_code == 400
     assert param in caught.value.message
-    assert len(received(mock)) == before  # no upstream was asked
+    assert len(mock.received()) == before  # no upstream was asked
     used = tenant_usage(base)
     assert used["used"] == 0 and used["reserved"] == 0
 
@@ -148,11 +132,11 @@ def test_a_1m_context_beta_needs_long_context_prices(
     mock: Mock, stack: tuple[str, anthropic.Anthropic]
 ) -> None:
     base, sdk = stack
-    before = len(received(mock))
+    before = len(mock.received())
     with pytest.raises(anthropic.BadRequestError) as caught:
         sdk.beta.messages.create(**claude_code(), betas=["context-1m-2025-08-07"])
     assert "anthropic-beta" in caught.value.message and "long_context" in caught.value.message
-    assert len(received(mock)) == before
+    assert len(mock.received()) == before
     used = tenant_usage(base)
     assert used["used"] == 0 and used["reserved"] == 0
 

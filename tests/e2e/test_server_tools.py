@@ -19,20 +19,23 @@ import redis
 
 from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.valkey import LocalValkey
-from tests.stack import KEYS, Mock, config_data, gateway_thread
+from tests.stack import (
+    ANTHROPIC_KEY_ENV,
+    KEYS,
+    Mock,
+    anthropic_client,
+    anthropic_config,
+    gateway_thread,
+    mock_fixture,
+)
 
-KEY_ENV = "HC_TEST_ANTHROPIC_KEY"
 PRICE = {"input_per_million": 3.0, "output_per_million": 15.0}
 NUSD = {"input": 3_000, "output": 15_000, "search": 10_000_000}  # a token; a search ($10/1,000)
 RESULT_TOKENS = 100  # the input the route holds per use
 SEARCH = {"type": "web_search_20250305", "name": "web_search"}
 
 
-@pytest.fixture(scope="module")
-def mock() -> Iterator[Mock]:
-    m = Mock(MockSettings(pace_ms=0.2, seed=37))
-    yield m
-    m.stop()
+mock = mock_fixture(MockSettings(pace_ms=0.2, seed=37))
 
 
 @contextmanager
@@ -44,11 +47,7 @@ def stack(
     with redis.Redis.from_url(valkey.url) as r:
         r.flushall()
     mock.reset()
-    data = config_data(mock.url, valkey.url)
-    data["upstreams"].append(
-        {"name": "claude", "kind": "anthropic", "base_url": f"{mock.url}/v1",
-         "timeout_seconds": 5, "api_key_env": KEY_ENV}
-    )  # fmt: skip
+    data = anthropic_config(mock, valkey)
     priced = {**PRICE, "web_search_per_1000": 10.0, "web_fetch_per_1000": 0}
     data["routes"] += [
         {"name": "searching", "upstream": "claude", "model": "mock-small", "price": priced,
@@ -60,23 +59,12 @@ def stack(
         {"dimension": "cost_usd", "limit": usd_limit, "window": "day"}
     )
     with gateway_thread(data) as base:
-        sdk = anthropic.Anthropic(
-            base_url=base.removesuffix("/v1"), api_key=KEYS["alpha"], max_retries=0
-        )
-        with sdk:
-            yield base, sdk
+        yield base, anthropic_client(base)
 
 
 @pytest.fixture(autouse=True)
 def _key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(KEY_ENV, "sk-ant-test")
-
-
-def received(mock: Mock) -> list[dict[str, Any]]:
-    r = httpx.get(f"{mock.url}/mock/anthropic/received")
-    r.raise_for_status()
-    got: list[dict[str, Any]] = r.json()
-    return got
+    monkeypatch.setenv(ANTHROPIC_KEY_ENV, "sk-ant-test")
 
 
 def cost_used(base: str) -> tuple[int, int]:
@@ -113,7 +101,7 @@ def test_a_priced_search_is_bounded_upstream_and_charged_per_search(
         assert kinds.count("server_tool_use") == kinds.count("web_search_tool_result") == 2
         assert final.usage.server_tool_use is not None
         assert final.usage.server_tool_use.web_search_requests == 2
-        sent = received(mock)[-1]
+        sent = mock.received()[-1]
         assert sent["body"]["tools"] == [{**SEARCH, "max_uses": 5}]
         truth = mock.truth("alpha")
         assert final.usage.input_tokens == truth["prompt_tokens"]  # the results' input too
@@ -139,12 +127,12 @@ def test_a_route_without_the_price_refuses_the_tool_and_costs_nothing(
     valkey: LocalValkey, mock: Mock
 ) -> None:
     with stack(valkey, mock) as (base, sdk):
-        before = len(received(mock))
+        before = len(mock.received())
         with pytest.raises(anthropic.BadRequestError) as caught:
             sdk.messages.create(**{**ask("news?"), "model": "claude"})
         assert "tools[0].type" in caught.value.message
         assert "web_search_20250305" in caught.value.message
-        assert len(received(mock)) == before  # no upstream was asked
+        assert len(mock.received()) == before  # no upstream was asked
         assert cost_used(base) == (0, 0)
 
 
@@ -154,11 +142,11 @@ def test_a_budget_that_cannot_hold_the_searches_refuses_at_admission(
     """$0.03 left: five searches ($0.05) cannot be held, however few tokens the request
     has; one search can."""
     with stack(valkey, mock, usd_limit=0.03) as (base, sdk):
-        before = len(received(mock))
+        before = len(mock.received())
         with pytest.raises(anthropic.APIStatusError) as caught:
             sdk.messages.create(**ask("news? [mock:tokens=3]", max_uses=5))
         assert caught.value.status_code == 429
-        assert len(received(mock)) == before
+        assert len(mock.received()) == before
         assert cost_used(base) == (0, 0)
         message = sdk.messages.create(**ask("news? [mock:tokens=3]", max_uses=1))
         assert message.usage.server_tool_use is not None
@@ -188,7 +176,7 @@ def test_a_web_fetch_is_sent_its_bounds(valkey: LocalValkey, mock: Mock) -> None
     with stack(valkey, mock) as (_, sdk):
         body = {**ask("read it [mock:tokens=3]"), "tools": [fetch]}
         sdk.beta.messages.create(**body, betas=["web-fetch-2025-09-10"])
-        sent = received(mock)[-1]
+        sent = mock.received()[-1]
         assert sent["body"]["tools"] == [
             {**fetch, "max_uses": 5, "max_content_tokens": RESULT_TOKENS}
         ]

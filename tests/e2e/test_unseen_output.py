@@ -28,35 +28,30 @@ import redis
 from hardcap_core.local.mock_upstream import MockSettings
 from hardcap_core.local.valkey import LocalValkey
 from hardcap_core.rollup.records import UsageRecord, parse_entry
-from tests.stack import KEYS, Mock, config_data, gateway_thread
+from tests.stack import (
+    ANTHROPIC_KEY_ENV,
+    Mock,
+    anthropic_config,
+    gateway_thread,
+    mock_fixture,
+    openai_client,
+)
 
-KEY_ENV = "HC_TEST_ANTHROPIC_KEY"
 PRICE = {"input_per_million": 1.0, "output_per_million": 2.0}
 BUDGET = 3_000
 THINKING = {"type": "enabled", "budget_tokens": 1024}
 GUARD = 4  # gateway.truncate_guard_tokens
 
 
-@pytest.fixture(scope="module")
-def mock() -> Iterator[Mock]:
-    m = Mock(MockSettings(pace_ms=0.5, seed=31))
-    yield m
-    m.stop()
+mock = mock_fixture(MockSettings(pace_ms=0.5, seed=31))
 
 
 @pytest.fixture
 def stack(
-    valkey: LocalValkey, mock: Mock, monkeypatch: pytest.MonkeyPatch
+    flushed: LocalValkey, mock: Mock, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[str, openai.OpenAI, LocalValkey]]:
-    monkeypatch.setenv(KEY_ENV, "sk-ant-test")
-    with redis.Redis.from_url(valkey.url) as r:
-        r.flushall()
-    mock.reset()
-    data = config_data(mock.url, valkey.url)
-    data["upstreams"].append(
-        {"name": "claude", "kind": "anthropic", "base_url": f"{mock.url}/v1",
-         "timeout_seconds": 5, "api_key_env": KEY_ENV}
-    )  # fmt: skip
+    monkeypatch.setenv(ANTHROPIC_KEY_ENV, "sk-ant-test")
+    data = anthropic_config(mock, flushed)
     data["routes"] += [
         # A Claude 4 model: summarized thinking by its family, no setting needed.
         {"name": "claude-4", "upstream": "claude", "model": "claude-sonnet-4-5", "price": PRICE,
@@ -70,11 +65,8 @@ def stack(
     data["tenants"][0]["budgets"] = [
         {"dimension": "total_tokens", "limit": BUDGET, "window": "day"}
     ]
-    with (
-        gateway_thread(data) as base,
-        openai.OpenAI(base_url=base, api_key=KEYS["alpha"], max_retries=0) as sdk,
-    ):
-        yield base, sdk, valkey
+    with gateway_thread(data) as base:
+        yield base, openai_client(base), flushed
 
 
 def records(valkey: LocalValkey) -> dict[str, UsageRecord]:

@@ -19,7 +19,7 @@ from hardcap_core.local.mock_anthropic import (
     anthropic_prompt_tokens,
 )
 from hardcap_core.local.mock_upstream import MockSettings
-from tests.stack import Mock
+from tests.stack import Mock, mock_fixture
 
 WEATHER: Any = {
     "name": "get_weather",
@@ -29,11 +29,7 @@ WEATHER: Any = {
 HEADERS = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
 
 
-@pytest.fixture(scope="module")
-def mock() -> Iterator[Mock]:
-    m = Mock(MockSettings(pace_ms=0, seed=9))
-    yield m
-    m.stop()
+mock = mock_fixture(MockSettings(pace_ms=0, seed=9))
 
 
 @pytest.fixture
