@@ -78,15 +78,22 @@ def rejections(out: str) -> list[dict[str, Any]]:
     return [line for line in lines if "UpstreamUsageRejected" in line]
 
 
-@pytest.mark.parametrize("report", list(LIES.values()), ids=list(LIES))
-async def test_a_stream_whose_final_report_lies_is_charged_as_one_that_reported_none(
-    standalone_client: Any, capsys: pytest.CaptureFixture[str], report: Usage
-) -> None:
-    meter = await meter_for(standalone_client)
+async def settled_reply(client: Any, report: Usage) -> Meter:
+    """A meter that read 20 output tokens (held), then the read that ends the reply, with
+    ``report``, and settled the reply as completed with it."""
+    meter = await meter_for(client)
     meter.note_read(20, least=20)
     assert await meter.make_room(20, at_least=20)
     meter.note_read(0, final=report)  # the read that ends the reply, with the report
     await meter.settle(Outcome.COMPLETED, report)
+    return meter
+
+
+@pytest.mark.parametrize("report", list(LIES.values()), ids=list(LIES))
+async def test_a_stream_whose_final_report_lies_is_charged_as_one_that_reported_none(
+    standalone_client: Any, capsys: pytest.CaptureFixture[str], report: Usage
+) -> None:
+    meter = await settled_reply(standalone_client, report)
     # What arrived, and the input as the gateway bounded it: never the lie, never past the hold.
     assert (meter.charged_input, meter.charged_output) == (INPUT, 20)
     assert used(meter) == 20
@@ -139,11 +146,7 @@ async def test_one_lie_makes_every_report_of_the_request_unbelieved(
 async def test_a_report_within_the_bounds_is_the_bill(
     standalone_client: Any, capsys: pytest.CaptureFixture[str], report: Usage
 ) -> None:
-    meter = await meter_for(standalone_client)
-    meter.note_read(20, least=20)
-    assert await meter.make_room(20, at_least=20)
-    meter.note_read(0, final=report)
-    await meter.settle(Outcome.COMPLETED, report)
+    meter = await settled_reply(standalone_client, report)
     assert (meter.charged_input, meter.charged_output) == (report.input_tokens,
                                                           report.output_tokens)  # fmt: skip
     assert rejections(capsys.readouterr().out) == []
