@@ -115,7 +115,7 @@ def test_the_deploy_blocks_admin_commands_run_against_a_local_stack(
     for line in hardcap:
         argv = shlex.split(line.replace("<AdminUrl>", service.url))
         result = subprocess.run(
-            [sys.executable, "-m", "hardcap_core.cli", *argv[1:]],
+            [sys.executable, "-m", "hardcap_core.local.cli", *argv[1:]],
             cwd=work, env=env, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert result.returncode == 0, f"{line}: {result.stdout}{result.stderr}"

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "hardcap_core"
-LOCAL_ONLY = ("hardcap_core.local", "hardcap_core.cli")  # infra/Makefile DEV_ONLY
+LOCAL_ONLY = ("hardcap_core.local",)  # infra/Makefile DEV_ONLY; the CLI is local/cli.py
 
 
 def module_name(path: Path) -> str:
