@@ -107,7 +107,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "budget",
         "overshoot_realistic",
         "the overshoot with real prompt sizes (chat, RAG, agents) and an exact tokenizer beside",
-        (*REQUEST_PATH, "hardcap_core/tokenize", "hardcap_core/tokens.py"),
+        (*REQUEST_PATH, "hardcap_core/tokenize"),
         (
             Result(
                 "overshoot-realistic.json",
@@ -176,7 +176,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "budget",
         "input_estimate",
         "the input estimate the gateway reserves against what a provider bills, per request shape",
-        ("hardcap_core/wire", "hardcap_core/tokens.py", "hardcap_core/tokenize"),
+        ("hardcap_core/wire", "hardcap_core/tokenize"),
         (Result("input-estimate.json", "", "README.md; docs/design.md (input estimate)"),),
         quick=False,
     ),
@@ -399,7 +399,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "speed",
         "tokenizer_cost",
         "what counting input tokens costs per request, per tokenizer",
-        ("hardcap_core/tokenize", "hardcap_core/tokens.py", "hardcap_core/wire"),
+        ("hardcap_core/tokenize", "hardcap_core/wire"),
         (
             Result(
                 "tokenizer-cost.json",

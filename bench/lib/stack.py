@@ -60,7 +60,7 @@ def _set_parser(self, cls):
         print(PARSER_LINE + cls.__name__, flush=True)
     return _orig(self, cls)
 _c.AbstractConnection.set_parser = _set_parser
-from hardcap_core.cli import main
+from hardcap_core.local.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

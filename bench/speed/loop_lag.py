@@ -65,7 +65,7 @@ def dump():
             ticks[: len(ticks) // 2 * 2].tofile(f)
         os.replace(path + ".tmp", path)
 threading.Thread(target=dump, daemon=True).start()
-from hardcap_core.cli import main
+from hardcap_core.local.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 BUSY = "while True: pass"

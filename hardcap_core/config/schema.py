@@ -299,7 +299,7 @@ def default_unseen_output(model: str, upstream_kind: str = "openai") -> UnseenOu
 # How a route counts a request's input (hardcap_core/tokenize/): an exact BPE encoding shipped
 # with the package, "anthropic" (Claude's tokenizer is not public: a bound calibrated on
 # cl100k_base, optionally Anthropic's count API), or "bound" (the upper bound by character
-# class, hardcap_core/tokens.py).
+# class, hardcap_core/tokenize/heuristics.py).
 Tokenizer = Literal["o200k_base", "cl100k_base", "anthropic", "bound"]
 # A route's default `tokenizer`, by its upstream model (`model`, else its name): the first pattern
 # found in the lowercased name; none found, "bound" (docs/config.md has the table). OpenAI's

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from hardcap_core.identity.fetch import TransportJwksFetch
 from hardcap_core.identity.issuers import Identity, IssuerSettings
-from hardcap_core.identity.jwks import JwksFetch, JwksFetchFailed
+from hardcap_core.identity.jwks import JwksFetchFailed
 from hardcap_core.identity.peek import MAX_TOKEN_BYTES, looks_like_jwt
 from hardcap_core.identity.verifier import JwtVerifier
 
@@ -19,7 +19,6 @@ __all__ = [
     "MAX_TOKEN_BYTES",
     "Identity",
     "IssuerSettings",
-    "JwksFetch",
     "JwksFetchFailed",
     "JwtVerifier",
     "TransportJwksFetch",

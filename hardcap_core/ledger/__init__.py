@@ -17,8 +17,6 @@ from hardcap_core.ledger.replies import (
     AdmitResult,
     Admitted,
     BudgetState,
-    Consensus,
-    EstimatorStats,
     Extended,
     ExtendRefused,
     ExtendResult,
@@ -32,7 +30,6 @@ from hardcap_core.ledger.replies import (
     Settled,
     SettleNote,
     Unguarded,
-    Usage,
     UsageRow,
 )
 
@@ -41,8 +38,6 @@ __all__ = [
     "AdmitResult",
     "Admitted",
     "BudgetState",
-    "Consensus",
-    "EstimatorStats",
     "ExtendRefused",
     "ExtendResult",
     "Extended",
@@ -57,6 +52,5 @@ __all__ = [
     "SettleNote",
     "Settled",
     "Unguarded",
-    "Usage",
     "UsageRow",
 ]

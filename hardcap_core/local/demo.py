@@ -157,7 +157,7 @@ def _show_admin(base: str, url: str, token: str) -> None:
     def admin(*args: str, json_out: bool = False) -> str:
         shown = " ".join(args)
         say(f"\n$ hardcap admin {shown}")
-        command = [sys.executable, "-m", "hardcap_core.cli", "admin", *args]
+        command = [sys.executable, "-m", "hardcap_core.local.cli", "admin", *args]
         command += ["--url", url, "--token", token] + (["--json"] if json_out else [])
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         if not json_out:

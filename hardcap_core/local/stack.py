@@ -24,9 +24,9 @@ import yaml
 
 from hardcap_core.local.valkey import free_port
 
-# `python -m hardcap_core.cli`: the interpreter running this, whether or not a `hardcap` script
-# is on PATH.
-HARDCAP = (sys.executable, "-m", "hardcap_core.cli")
+# `python -m hardcap_core.local.cli`: the interpreter running this, whether or not a `hardcap`
+# script is on PATH.
+HARDCAP = (sys.executable, "-m", "hardcap_core.local.cli")
 
 
 @dataclass

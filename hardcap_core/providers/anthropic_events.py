@@ -32,7 +32,7 @@ from typing import Any
 
 from hardcap_core import json_codec
 from hardcap_core.events import Completion, Event, FinishReason, Output, OutputKind, Usage
-from hardcap_core.tokens import streamed_tokens, text_tokens
+from hardcap_core.tokenize.heuristics import streamed_tokens, text_tokens
 
 MALFORMED = "The provider sent a malformed stream event."
 FINISH = {

@@ -44,7 +44,7 @@ from hardcap_core.providers.base import no_embeddings
 from hardcap_core.providers.bedrock_errors import call_error, event_error, transport_failure
 from hardcap_core.providers.bedrock_request import converse_params
 from hardcap_core.providers.transport import CONNECT_TIMEOUT_S
-from hardcap_core.tokens import streamed_tokens, text_tokens
+from hardcap_core.tokenize.heuristics import streamed_tokens, text_tokens
 
 DIALECT = BEDROCK_CONVERSE
 # Streams and calls in flight at once per process (each holds a thread and a connection).

@@ -41,7 +41,7 @@ from hardcap_core.errors import UpstreamMalformed
 from hardcap_core.events import Completion, Event, FinishReason, Output, OutputKind, Read, Usage
 from hardcap_core.providers.http import open_sse, post, send_json
 from hardcap_core.providers.transport import Transport, UpstreamRequest
-from hardcap_core.tokens import streamed_tokens, text_tokens
+from hardcap_core.tokenize.heuristics import streamed_tokens, text_tokens
 
 DIALECT = OPENAI_CHAT
 

@@ -12,7 +12,8 @@ its tokenizer's count where it has one (exact for a public encoding; the calibra
 the upstream's own count_tokens with ``count_api: true``, for an Anthropic model), else this
 estimate. Either is what admission reserves when the bound does not fit, so a client that
 sizes its request by this answer is not refused for input it was told fits. The price of the
-bound alone: English prose counts about 2.6 times its real tokens (:mod:`hardcap_core.tokens`).
+bound alone: English prose counts about 2.6 times its real tokens
+(:mod:`hardcap_core.tokenize.heuristics`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from hardcap_core.chat import OPENAI_EMBEDDINGS, ChatRequest
 from hardcap_core.errors import GatewayError, InvalidRequest
 from hardcap_core.events import Completion
 from hardcap_core.ledger import BudgetState, RateState
-from hardcap_core.tokens import input_text_tokens
+from hardcap_core.tokenize.heuristics import input_text_tokens
 from hardcap_core.wire import json_body
 from hardcap_core.wire.base import Charged
 from hardcap_core.wire.field_policy import Effect, Field, FieldPolicy

@@ -4,8 +4,8 @@ Everything a provider may bill is counted, and anything not known to be free cou
 serialized length: a field Hardcap has never heard of is a field a provider may put in the
 prompt. What is free is listed (:data:`FREE_PARAMETERS`): sampling and output parameters, ids
 and labels that steer the call but are not part of the prompt. Text counts by
-:func:`hardcap_core.tokens.input_text_tokens`, an upper bound by character class; images and
-audio by :mod:`hardcap_core.wire.media`; PDFs by their pages, read with a real parser
+:func:`hardcap_core.tokenize.heuristics.input_text_tokens`, an upper bound by character class;
+images and audio by :mod:`hardcap_core.wire.media`; PDFs by their pages, read with a real parser
 (:mod:`hardcap_core.wire.pdf`), each page's text bound plus OpenAI's image of it; any other
 file by its bytes, a token each.
 
@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from hardcap_core.errors import InvalidRequest
-from hardcap_core.tokens import input_text_tokens
+from hardcap_core.tokenize.heuristics import input_text_tokens
 from hardcap_core.wire.media import (
     IMAGE_BOUND_TOKENS,
     audio_bound_tokens,

@@ -10,8 +10,8 @@ pages counting for each; each form XObject times the times the content names it,
 multiplying; tiling patterns; its annotations' normal appearance and text). A string shown in
 a simple font whose mapping is known (a standard encoding, no ``/ToUnicode``, no
 ``/Differences``, no embedded program) is decoded through that encoding (pypdf's own tables)
-and bounded as any prompt text is (:func:`~hardcap_core.tokens.input_text_tokens`); in any
-other font its bytes count times the most a byte becomes as text with that font (its
+and bounded as any prompt text is (:func:`~hardcap_core.tokenize.heuristics.input_text_tokens`);
+in any other font its bytes count times the most a byte becomes as text with that font (its
 ``/ToUnicode`` CMap's longest destination, its glyph names), in UTF-8 bytes, each at most a
 token; with no font set, the most of any font of the page. Each text operator adds a token
 for the line break or space an extractor may put there. Operators, numbers and images draw no
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hardcap_core.errors import InvalidRequest
-from hardcap_core.tokens import input_text_tokens
+from hardcap_core.tokenize.heuristics import input_text_tokens
 from hardcap_core.wire.media import IMAGE_BOUND_TOKENS
 
 # Caps per request. Pages: above any provider's own limit (Anthropic: 100 a request, 600 with

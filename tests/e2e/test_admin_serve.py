@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from hardcap_core.cli import main
+from hardcap_core.local.cli import main
 from hardcap_core.local.stack import Service, start_gateway
 from hardcap_core.local.valkey import LocalValkey
 from tests.stack import config_data

@@ -30,7 +30,7 @@ VALKEY_URL = re.compile(r"redis://127\.0\.0\.1:(\d+)")
 
 def hardcap(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "hardcap_core.cli", *args],
+        [sys.executable, "-m", "hardcap_core.local.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -159,7 +159,7 @@ def test_sigterm_stops_the_demo_and_its_valkey() -> None:
     port, mock_port = free_port(), free_port()
     args = ["demo", "--port", str(port), "--mock-port", str(mock_port)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hardcap_core.cli", *args],
+        [sys.executable, "-m", "hardcap_core.local.cli", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
         env={**os.environ, **BUFFERED},
     )  # fmt: skip

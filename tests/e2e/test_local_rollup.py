@@ -42,7 +42,7 @@ def hardcap_usage(
     *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "hardcap_core.cli", "usage", *args],
+        [sys.executable, "-m", "hardcap_core.local.cli", "usage", *args],
         capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
         env={**os.environ, **(env or {})},
     )  # fmt: skip

@@ -15,6 +15,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,6 +54,19 @@ def make_recipe(target: str) -> list[str]:
     return [line for line in out.splitlines() if line.strip()]
 
 
+def console_script(name: str) -> list[str]:
+    """The command running ``name``'s entry point as pyproject.toml declares it, on this
+    interpreter: the code of this checkout, whatever script an install once wrote into the venv
+    (an editable install of another checkout, or one made before the entry point moved)."""
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, function = scripts[name].partition(":")
+    code = (
+        f"import sys; from {module} import {function} as entry; "
+        f"sys.argv[0] = {name!r}; sys.exit(entry())"
+    )
+    return [sys.executable, "-c", code]
+
+
 def test_the_two_commands_are_the_ones_the_readme_shows() -> None:
     two = commands(blocks("bash")[0])
     assert two == ["make run", "make test"], two
@@ -61,12 +75,13 @@ def test_the_two_commands_are_the_ones_the_readme_shows() -> None:
 def test_make_run_serves_the_readme_snippet(tmp_path: Path) -> None:
     (run,) = make_recipe("run")
     argv = shlex.split(run)
-    assert argv[1:] == ["demo"], f"make run runs {run!r}"
+    assert Path(argv[0]).name == "hardcap" and argv[1:] == ["demo"], f"make run runs {run!r}"
     port, mock_port = free_port(), free_port()
     log = tmp_path / "demo.log"
+    ports = ["--port", str(port), "--mock-port", str(mock_port)]
     with log.open("wb") as out:
         demo = subprocess.Popen(
-            [*argv, "--port", str(port), "--mock-port", str(mock_port)],
+            [*console_script("hardcap"), *argv[1:], *ports],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
@@ -115,7 +130,7 @@ def test_the_deploy_blocks_admin_commands_run_against_a_local_stack(
     for line in hardcap:
         argv = shlex.split(line.replace("<AdminUrl>", service.url))
         result = subprocess.run(
-            [sys.executable, "-m", "hardcap_core.cli", *argv[1:]],
+            [*console_script("hardcap"), *argv[1:]],
             cwd=work, env=env, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert result.returncode == 0, f"{line}: {result.stdout}{result.stderr}"

@@ -122,7 +122,7 @@ async def test_scripts_restore_and_rollup_run_as_the_gateways_user(
 def test_serve_connects_its_embedded_valkey_as_the_gateways_user(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hardcap_core.cli import embedded_valkey_if_needed
+    from hardcap_core.local.cli import embedded_valkey_if_needed
 
     # Set, then removed: monkeypatch puts back whatever was there, also after the function
     # under test sets the variable itself.

@@ -16,9 +16,9 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from hardcap_core.cli import main
 from hardcap_core.local.admin_client import AdminClient, AdminError, SigV4, region_of
 from hardcap_core.local.admin_command import admin_command
+from hardcap_core.local.cli import main
 
 URL = "https://q8w7e6r5t4y3u2i1o0p9a8s7d6f5g4h3.lambda-url.eu-west-1.on.aws"
 CREDENTIALS = Credentials("ASIAEXAMPLEKEYID0001", "secret-example-key", "session-token-example")

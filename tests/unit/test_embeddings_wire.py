@@ -7,7 +7,7 @@ import pytest
 from openai.types import embedding_create_params as params
 
 from hardcap_core.errors import InvalidRequest
-from hardcap_core.tokens import input_text_tokens
+from hardcap_core.tokenize.heuristics import input_text_tokens
 from hardcap_core.wire.openai_embeddings import (
     EMBEDDINGS_FIELDS,
     MAX_INPUTS,

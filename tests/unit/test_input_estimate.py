@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from hardcap_core.local.mock_billing import prompt_tokens, text_tokens
 from hardcap_core.local.mock_plan import ChatRequest, estimate_prompt_tokens
-from hardcap_core.tokens import input_text_tokens
+from hardcap_core.tokenize.heuristics import input_text_tokens
 from hardcap_core.wire import media
 from hardcap_core.wire.openai_input import FREE_PARAMETERS
 from hardcap_core.wire.openai_request import parse_chat_request

@@ -1,9 +1,10 @@
 """The layout shows the architecture, and the seams docs/architecture.md names hold: no import
-circles; the shipped code never reaches the local tools; each third-party library is imported
-and its errors translated at its one boundary; wire formats live in ``wire/`` and providers in
-``providers/``, each built in one registry; a stream ends in one place; only the meter writes a
-meter's state, and only the money owner (gateway/money.py) decides what an ended stream is
-charged. A module's length is no seam: one concept stays in one module however long.
+circles; the shipped code never reaches the local tools; a package's ``__all__`` is exactly
+what other code imports from it; each third-party library is imported and its errors translated
+at its one boundary; wire formats live in ``wire/`` and providers in ``providers/``, each built
+in one registry; a stream ends in one place; only the meter writes a meter's state, and only the
+money owner (gateway/money.py) decides what an ended stream is charged. A module's length is no
+seam: one concept stays in one module however long.
 
 Imports inside functions count too: a lazy import that closes a circle is still a circle, and a
 lazy import of a local tool still fails on Lambda, where ``local/`` is not shipped.
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "hardcap_core"
-LOCAL_ONLY = ("hardcap_core.local", "hardcap_core.cli")  # infra/Makefile DEV_ONLY
+LOCAL_ONLY = ("hardcap_core.local",)  # infra/Makefile DEV_ONLY; the CLI is local/cli.py
 
 
 def module_name(path: Path) -> str:
@@ -85,6 +86,39 @@ def test_the_package_top_is_small_and_the_seams_are_subpackages() -> None:
     assert len(top) <= 12, sorted(top)
     packages = {p.name for p in CORE.iterdir() if (p / "__init__.py").is_file()}
     assert {"config", "ledger", "gateway", "wire", "providers", "local"} <= packages
+
+
+# Where a package's names are imported from: the package itself, and the code around it.
+IMPORTERS = [CORE, *(CORE.parent / d for d in ("tests", "bench", "functions"))]
+
+
+def names_imported_from_packages() -> dict[str, set[str]]:
+    """Per hardcap_core package, the names others import from its ``__init__`` (not its
+    submodules), anywhere in the repository's Python."""
+    packages = {module_name(p) for p in CORE.rglob("__init__.py")}
+    found: dict[str, set[str]] = {p: set() for p in packages}
+    for folder in IMPORTERS:
+        for path in folder.rglob("*.py"):
+            if "node_modules" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module in packages:
+                    found[node.module] |= {
+                        a.name for a in node.names if f"{node.module}.{a.name}" not in MODULES
+                    }
+    return found
+
+
+def test_each_packages_all_is_exactly_what_others_import_from_it() -> None:
+    for package, imported in sorted(names_imported_from_packages().items()):
+        tree = ast.parse(MODULES[package].read_text())
+        listed = [
+            ast.literal_eval(n.value)
+            for n in tree.body
+            if isinstance(n, ast.Assign) and any(root_name(t) == "__all__" for t in n.targets)
+        ]
+        # One __all__ where others import names, none where they import only submodules.
+        assert [set(a) for a in listed] == ([imported] if imported else []), package
 
 
 def is_local(name: str) -> bool:

@@ -17,7 +17,7 @@ from hardcap_core.config.schema import RouteConfig
 from hardcap_core.errors import InvalidRequest
 from hardcap_core.local.mock_anthropic import page_image_tokens
 from hardcap_core.local.mock_billing import image_tokens, pdf_pages, text_tokens
-from hardcap_core.tokens import input_text_tokens
+from hardcap_core.tokenize.heuristics import input_text_tokens
 from hardcap_core.wire import pdf
 from hardcap_core.wire.openai_input import check_pdf_pages, input_tokens
 from hardcap_core.wire.pdf import MAX_DECODED_BYTES, PAGE_IMAGE_TOKENS, Allowance, pdf_cost

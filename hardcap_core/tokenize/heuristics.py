@@ -10,7 +10,7 @@ Input is estimated differently (:func:`input_text_tokens`): it is reserved befor
 must never be low, whatever text a tenant sends, so it is an upper bound by character class
 rather than an average. It is what every request is reserved first; a route whose model has a
 public tokenizer replaces it with the exact count where that changes a decision
-(:mod:`hardcap_core.tokenize`), and it stays for what a tokenizer cannot see.
+(:mod:`~hardcap_core.tokenize.routes`), and it stays for what a tokenizer cannot see.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from hardcap_core.local.valkey import LocalValkey
 
 # Shipped inside the package, so `hardcap demo` works from an installed wheel.
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "local" / "demo.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "demo.yaml"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
