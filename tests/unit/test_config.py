@@ -73,7 +73,14 @@ def setter(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
     return apply
 
 
-DELETE = object()
+class _Delete:
+    """The value that deletes a field (a stable repr: the tests' ids must match across workers)."""
+
+    def __repr__(self) -> str:
+        return "DELETE"
+
+
+DELETE = _Delete()
 WINDOW_HELP = "window '7x': use day, month, or a length like 3600s, 60m, 24h, 7d"
 
 BAD: list[tuple[str, Any, str]] = [
