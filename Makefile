@@ -7,7 +7,13 @@ BIN := $(VENV)/bin
 # git ignores it and `make clean` removes it.
 SAM_VENV ?= $(VENV)/sam-cli
 
-.PHONY: run test lint bench-quick clean
+.PHONY: run test test-fast lint bench-quick clean
+
+# pytest-xdist workers: each starts its own Valkey servers and moto on free ports (session
+# fixtures); the real clients' tests share one worker (xdist_group "clients"). 2 on this 2-core
+# machine: most tests wait on a server or a child process, so 2 halves the wall time.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,7 +45,11 @@ lint: $(BIN)/.installed
 # test that cannot find sam fail instead of skipping; HARDCAP_REQUIRE_CLIENTS=1 the same for a
 # real client missing from tests/clients/node_modules.
 test: lint $(SAM_VENV)/.installed $(CLIENTS)
-	PATH="$$PATH:$(abspath $(SAM_VENV))/bin" HARDCAP_REQUIRE_SAM=1 HARDCAP_REQUIRE_CLIENTS=1 $(BIN)/python -m pytest -q
+	PATH="$$PATH:$(abspath $(SAM_VENV))/bin" HARDCAP_REQUIRE_SAM=1 HARDCAP_REQUIRE_CLIENTS=1 $(PYTEST)
+
+# The unit and functional tiers (and the benchmarks' own tests): the loop before a commit.
+test-fast: lint
+	PATH="$$PATH:$(abspath $(SAM_VENV))/bin" $(PYTEST) tests/unit tests/functional bench/tests
 
 bench-quick: $(BIN)/.installed
 	$(BIN)/python -m bench overshoot --quick --check
