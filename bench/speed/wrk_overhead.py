@@ -122,6 +122,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile-seconds", type=int, default=15)
     p.add_argument("--profile-rate", type=int, default=250)
     p.add_argument("--py-spy-nonblocking", action="store_true", help="do not pause the gateway")
+    p.add_argument(
+        "--profile-format", choices=("flamegraph", "raw"), default="flamegraph",
+        help="raw: py-spy's collapsed stacks (.txt), to add up per function",
+    )  # fmt: skip
     p.add_argument("--plot", action="store_true")
     p.add_argument("--out", type=Path)
     ns = p.parse_args(argv)
@@ -272,7 +276,7 @@ def profile(
     shape = "stream" if kind == "stream" else "non_stream"
     seconds = ns.profile_seconds + 5
     cmd, env = wrk_command(gateway, bodies[("p95", shape)], ns.connections, 1, seconds, False)
-    spy = [str(PY_SPY), "record", "--format", "flamegraph"]
+    spy = [str(PY_SPY), "record", "--format", ns.profile_format]
     spy += ["-o", str(out), "--pid", str(gateway.pid), "--rate", str(ns.profile_rate)]
     spy += ["--duration", str(ns.profile_seconds)]
     if ns.py_spy_nonblocking:
@@ -466,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
                 ):
                     bar.set_postfix_str(f"py-spy {kind}")
                     settle([targets["gateway"].pid, mock.proc.pid])
+                    if ns.profile_format == "raw":
+                        svg = svg.removesuffix(".svg") + ".txt"
                     svg_path = (ns.out.parent if ns.out else RESULTS) / svg
                     got = profile(kind, targets["gateway"], bodies, svg_path, ns)
                     result["profiles"].append(got)

@@ -311,7 +311,8 @@ def test_a_response_past_the_size_bound_is_served_not_kept_and_the_ttl_holds(
         c = client(base)
         small = c.responses.create(model="small", input=HI, user="alpha")
         assert small.store is True
-        with c.responses.stream(model="small", input="x " * 2_000, user="alpha") as s:
+        big = "x " * 2_000 + "[mock:tokens=20]"  # past the bound by its input alone
+        with c.responses.stream(model="small", input=big, user="alpha") as s:
             for _ in s:
                 pass
             large = s.get_final_response()
