@@ -60,7 +60,10 @@ def _set_parser(self, cls):
         print(PARSER_LINE + cls.__name__, flush=True)
     return _orig(self, cls)
 _c.AbstractConnection.set_parser = _set_parser
-from hardcap_core.local.cli import main
+try:
+    from hardcap_core.local.cli import main
+except ModuleNotFoundError:  # a tree from before the command line moved into local/ (--base-tree)
+    from hardcap_core.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
