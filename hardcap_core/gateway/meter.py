@@ -465,8 +465,12 @@ class Meter:
         span = None if self.trace is None else self.trace.settle_span()
         began = self._clock()
         charge = self._settle_reserved(note) if self.policy.holds else self._settle_unguarded(note)
-        if outcome is Outcome.COMPLETED:
-            await asyncio.gather(charge, self._observe(self.charged_output))
+        if outcome is Outcome.COMPLETED:  # the sample goes out with the settle, in one task
+            observed = asyncio.ensure_future(self._observe(self.charged_output))
+            try:
+                await charge
+            finally:
+                await observed
         else:
             await charge
         if self._on_settled is not None and self.policy.holds:

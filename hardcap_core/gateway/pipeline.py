@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -41,6 +40,7 @@ from hardcap_core.gateway.money import ToolHold, output_cap, policy_for, request
 from hardcap_core.gateway.pace import Listened, RouteRate
 from hardcap_core.gateway.queue import Wakeups, admit_in_turn
 from hardcap_core.gateway.relay import Relay
+from hardcap_core.gateway.request_id import new_id
 from hardcap_core.gateway.response import RelayResponse
 from hardcap_core.gateway.stored import Stored
 from hardcap_core.ledger import (
@@ -308,7 +308,7 @@ class Gateway:
         if money.asks_estimate(chat.stream):  # never raises: without the budget server, the cap
             expected = await estimator.estimate(route.name, max_tokens, tenant=principal.tenant_id)
         hold = money.hold(route, chat, max_tokens, expected)  # as the quote works it out
-        rid = uuid.uuid4().hex
+        rid = new_id()
         g = self.config.gateway
 
         def admit(ticket_ms: int) -> Any:

