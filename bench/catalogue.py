@@ -249,6 +249,19 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                 "docs/benchmarks.md (this wave's request path against f7d74a8, A/B)",
             ),
             Result(
+                "wrk-ab-f89f620.json",
+                "--targets direct,gateway --base-tree BASE --gateway-tree HEAD --rounds 3 "
+                "--block-seconds 5 --out bench/results/wrk-ab-f89f620.json",
+                "docs/benchmarks.md (the hosted, stored, images, trust, tools and tracing wave "
+                "against f89f620, A/B)",
+            ),
+            Result(
+                "wrk-ab-hot-path-trims.json",
+                "--targets direct,gateway --base-tree BASE --rounds 3 --block-seconds 5 "
+                "--out bench/results/wrk-ab-hot-path-trims.json",
+                "docs/benchmarks.md (the hot-path trims against the commit before them, A/B)",
+            ),
+            Result(
                 "profile-gateway.svg",
                 "--rounds 0 --profile --targets gateway",
                 "README.md; docs/benchmarks.md (flame graph)",
