@@ -289,6 +289,20 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ),
     ),
     Benchmark(
+        "hot_path",
+        "speed",
+        "hot_path",
+        "where a request's CPU goes: the gateway's hot path per stage, beside the bare proxy",
+        REQUEST_PATH,
+        (
+            Result(
+                "hot-path.json",
+                "--out bench/results/hot-path.json",
+                "docs/benchmarks.md (the hot path per stage)",
+            ),
+        ),
+    ),
+    Benchmark(
         "tracing_cost",
         "speed",
         "tracing_cost",
