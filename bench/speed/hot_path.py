@@ -68,11 +68,13 @@ STAGES: dict[str, tuple[tuple[str, str], ...]] = {
         ("RelayResponse.__call__", "response.py"),
     ),
     "settle": (("Meter.settle", "meter.py"),),
-    "response, headers and the log/metric line": (
+    "sending to the client (each message, through the id middleware)": (
+        ("RequestIdMiddleware.__call__.<locals>.send_with_id", "request_id.py"),
+    ),
+    "the reply's body, headers and the log/metric line": (
         ("record_request", "metrics.py"),
         ("budget_headers", "headers.py"),
         ("Gateway._complete", "pipeline.py"),
-        ("RequestIdMiddleware.__call__.<locals>.send_with_id", "request_id.py"),
     ),
     "handler, other": (
         ("Gateway.chat", "pipeline.py"),
