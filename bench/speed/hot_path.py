@@ -22,6 +22,7 @@ import argparse
 import collections
 import json
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -119,6 +120,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--block-seconds", type=float, default=5.0)
     p.add_argument("--profile-seconds", type=int, default=15)
     p.add_argument("--out", type=Path, default=RESULT)
+    p.add_argument("--keep-profiles", type=Path, help="copy py-spy's raw profiles to this folder")
     ns = p.parse_args(argv)
     if ns.quick:
         ns.block_seconds, ns.profile_seconds = 2.0, 6
@@ -145,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         profiles = (("non_stream", "sat_", "profile-gateway.txt"),
                     ("stream", "stream_", "profile-gateway-stream.txt"))  # fmt: skip
         for kind, prefix, file in profiles:
+            if ns.keep_profiles:
+                ns.keep_profiles.mkdir(parents=True, exist_ok=True)
+                shutil.copy(Path(tmp) / file, ns.keep_profiles / file)
             samples, split = shares(Path(tmp) / file)
             per_request = cpu("gateway", prefix)
             kinds[kind] = {
