@@ -13,14 +13,14 @@ from typing import Any
 import pydantic
 import pytest
 
+from hardcap_core.config import parse_config
 from hardcap_core.config.schema import RouteConfig
 from hardcap_core.errors import InvalidRequest
-from hardcap_core.config import parse_config
 from hardcap_core.local.mock_anthropic import image_limits, page_image_tokens
 from hardcap_core.local.mock_billing import billed_image_rules, pdf_pages, text_tokens
+from hardcap_core.tokenize.heuristics import input_text_tokens
 from hardcap_core.tokenize.images import ALL_RULES, bill, largest, rules_for
 from hardcap_core.tokenize.routes import InputCounts
-from hardcap_core.tokenize.heuristics import input_text_tokens
 from hardcap_core.wire import pdf
 from hardcap_core.wire.anthropic_request import parse_messages_request
 from hardcap_core.wire.openai_input import check_pdf_pages, input_tokens
@@ -215,12 +215,8 @@ def route_counts(model: str, kind: str, fallbacks: tuple[str, ...] = ()) -> Inpu
     ]
     routes = [{"name": "r", "upstream": kind, "model": model, "fallbacks": list(fallbacks)}]
     routes += [{"name": m, "upstream": "openai", "model": m} for m in fallbacks]
-    return InputCounts(
-        parse_config(
-            {"gateway": {"redis_url": "redis://127.0.0.1:1"}, "upstreams": upstreams,
-             "routes": routes}
-        )  # fmt: skip
-    )
+    config = {"gateway": {"redis_url": "redis://127.0.0.1:1"}, "upstreams": upstreams}
+    return InputCounts(parse_config(config | {"routes": routes}))
 
 
 def held(counts: InputCounts, data: bytes, *, anthropic: bool = False) -> tuple[int, int]:
