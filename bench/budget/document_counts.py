@@ -139,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['model']:<{width}} {r['document']:<17} {r['pages']:>5} {r['held']:>7} "
               f"{r['billed']:>7} {r['ratio']:>6.2f} {r['before_ratio']:>7.2f}")  # fmt: skip
     for model, s in per_model.items():
-        print(f"{model:<{width}} {s['before_ratio_min']:.2f}-{s['before_ratio_max']:.2f}x -> "
-              f"{s['ratio_min']:.2f}-{s['ratio_max']:.2f}x, never below: {s['never_below']}")  # fmt: skip
+        before = f"{s['before_ratio_min']:.2f}-{s['before_ratio_max']:.2f}x"
+        after = f"{s['ratio_min']:.2f}-{s['ratio_max']:.2f}x"
+        print(f"{model:<{width}} {before} -> {after}, never below: {s['never_below']}")
     missed = [m for m, s in per_model.items() if not s["never_below"]]
     missed += [m for m, s in per_model.items() if s["ratio_max"] > GOAL_MOST]
     write_json(
