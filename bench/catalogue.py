@@ -193,6 +193,22 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         (Result("image-rules.json", "", "docs/design.md (images per model)"),),
     ),
     Benchmark(
+        "document_counts",
+        "budget",
+        "document_counts",
+        "what the gateway holds for a PDF (its pages' text and an image of each) against what "
+        "its model bills, per model family, on the real-shaped document corpus",
+        (
+            "hardcap_core/wire/pdf.py",
+            "hardcap_core/wire/openai_input.py",
+            "hardcap_core/tokenize",
+            "hardcap_core/local/mock_billing.py",
+            "hardcap_core/local/mock_anthropic.py",
+        ),
+        (Result("document-counts.json", "", "docs/design.md (files; ways past the cap: PDFs)"),),
+        quick=False,
+    ),
+    Benchmark(
         "tool_counts",
         "budget",
         "tool_counts",

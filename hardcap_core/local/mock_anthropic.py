@@ -18,9 +18,11 @@ The prompt is billed as Anthropic bills it, with cl100k_base standing in for Cla
 tokenizer (`anthropic_prompt_tokens`): the system prompt, every message's blocks (text,
 tool_use name and input, tool_result content, thinking text, documents), images by
 Anthropic's rule (width x height / 750 after scaling to fit 1568 px and 1.15 megapixels, at
-most 1,600; 1,600 when the size cannot be read), a base64 PDF document as its PDF support page
-says (each page's extracted text, and an image of the page, rendered as `mock_billing` does and
-billed by the image rule; a PDF it cannot read is refused, as the API refuses it), each tool's
+most 1,600; 1,600 when the size cannot be read; Claude Opus 4.7 and later 2,576 px, 3.75
+megapixels, 4,784: :func:`image_limits`), a base64 PDF document as its PDF support page says
+(each page's extracted text, and an image of the page, rendered as `mock_billing` does and
+billed by the model's image rule; a PDF it cannot read is refused, as the API refuses it), each
+tool's
 definition and, with tools, the tool-use system prompt Anthropic adds
 (:data:`TOOL_SYSTEM_TOKENS`). `count_tokens` answers the
 same bill. Usage reports it split: `cache_read_input_tokens` and `cache_creation_input_tokens`
@@ -312,7 +314,7 @@ def _content_tokens(content: Any, limits: Limits = DEFAULT_LIMITS) -> int:
         elif block.get("type") == "tool_result":
             total += _content_tokens(block.get("content"), limits)
         elif block.get("type") == "document" and (pages := _pdf(block)) is not None:
-            total += sum(text_tokens(text) + _size_tokens(size) for text, size in pages)
+            total += sum(text_tokens(text) + _size_tokens(size, limits) for text, size in pages)
             total += value_tokens(block.get("title")) + value_tokens(block.get("context"))
         else:
             total += sum(
@@ -340,10 +342,10 @@ def image_tokens(source: Any, limits: Limits = DEFAULT_LIMITS) -> int:
     return _size_tokens(size, limits)
 
 
-def page_image_tokens(size: tuple[int, int] | None) -> int:
+def page_image_tokens(size: tuple[int, int] | None, limits: Limits = DEFAULT_LIMITS) -> int:
     """What an image of ``size`` pixels (None: unknown) is billed: width x height / 750 after
-    fitting Anthropic's limits (a PDF page's image is billed so too)."""
-    return _size_tokens(size)
+    fitting the model's ``limits`` (a PDF page's image is billed so too)."""
+    return _size_tokens(size, limits)
 
 
 def _size_tokens(size: tuple[int, int] | None, limits: Limits = DEFAULT_LIMITS) -> int:

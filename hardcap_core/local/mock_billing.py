@@ -24,7 +24,8 @@ the tokens of each of its values, 1 more for a name, 3 to prime the reply. Beyon
   frame's bitrate, else at 8 kbit/s;
 - files: a PDF as OpenAI's file inputs guide says, the extracted text of each page (pypdf's
   extraction) and an image of each page, rendered at :data:`PAGE_PX_PER_POINT` pixels a point
-  and billed by the image rule; any other file, the tokens of its bytes read as UTF-8 text.
+  and billed by the model's image rule (as its images are); any other file, the tokens of its
+  bytes read as UTF-8 text.
 
 The tokenizer is loaded on first use (about 0.2 s), not on import, so the mock starts fast.
 """
@@ -46,7 +47,6 @@ from hardcap_core.wire.media import (
     data_url_bytes,
     data_url_payload,
     image_size,
-    image_tokens,
     wav_seconds,
 )
 from hardcap_core.wire.openai_tools import render_functions
@@ -207,7 +207,8 @@ def _part(part: Any, rules: tuple[ImageRule, ...]) -> int:
             total += _audio(value)
         elif field == "file" and isinstance(value, Mapping):
             total += sum(
-                _file_data(v) if k == "file_data" else value_tokens(v) for k, v in value.items()
+                _file_data(v, rules) if k == "file_data" else value_tokens(v)
+                for k, v in value.items()
             )
         else:
             total += value_tokens(value)
@@ -234,14 +235,14 @@ def _audio(audio: Mapping[str, Any]) -> int:
     return math.ceil(seconds * AUDIO_TOKENS_PER_SECOND)
 
 
-def _file_data(value: Any) -> int:
+def _file_data(value: Any, rules: tuple[ImageRule, ...]) -> int:
     payload = data_url_payload(value) if isinstance(value, str) else None
     if payload is None:
         return value_tokens(value)
     data = base64_bytes(payload)
     pages = pdf_pages(data)
     if pages is not None:
-        return sum(text_tokens(text) + image_tokens(size, None) for text, size in pages)
+        return sum(text_tokens(text) + bill(rules, size, None) for text, size in pages)
     # Invalid UTF-8 is dropped rather than replaced: never more tokens than bytes.
     return text_tokens(data.decode("utf-8", "ignore"))
 

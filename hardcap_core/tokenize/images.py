@@ -24,7 +24,10 @@ size (:func:`bill`): never the lowest. A route may name its rule and numbers
 
 The request was counted at parse with GPT-4o's tile rule (:mod:`hardcap_core.wire.media`), the
 route not being known yet; :func:`image_extra_tokens` is what a route's rules bill beyond that,
-added per target by :mod:`hardcap_core.tokenize.routes`.
+added per target by :mod:`hardcap_core.tokenize.routes`. A PDF's image of each page is one image
+of a size the request does not say (providers do not document what they render a page at): the
+parse counted GPT-4o's largest (:mod:`hardcap_core.wire.pdf`), a route its model's (:func:`largest`:
+Claude up to 4.6 1,600, Claude Opus 4.7 4,784, gpt-4.1-nano 3,779, no known family the dearest).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from hardcap_core.wire.media import (
     image_tokens,
     tiles,
 )
+from hardcap_core.wire.openai_input import Document, file_document
+from hardcap_core.wire.pdf import Allowance
 
 Size = tuple[int, int]
 RuleName = Literal["auto", "tile", "patch", "anthropic"]
@@ -270,18 +275,25 @@ class ImageInput:
     counted: int
 
 
-def images(body: Mapping[str, Any]) -> Iterator[ImageInput]:
+def images(body: Mapping[str, Any]) -> Iterator[ImageInput | Document]:
     """Each ``image_url`` part of an OpenAI-shaped ``body``'s messages (every wire format is
     translated to that shape: Responses' ``input_image``, Anthropic's image blocks), as
-    :mod:`hardcap_core.wire.openai_input` counted it."""
-    for message in body.get("messages") or ():
+    :mod:`hardcap_core.wire.openai_input` counted it, and each PDF of its ``file`` parts
+    (Anthropic's document blocks, Responses' ``input_file``), whose pages are images too."""
+    documents = Allowance()  # the parse read them within the caps: read again, the same
+    for i, message in enumerate(body.get("messages") or ()):
         content = message.get("content") if isinstance(message, dict) else None
-        for part in content if isinstance(content, list) else ():
-            if not isinstance(part, dict) or part.get("type") not in ("image_url", None):
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(part, dict) or part.get("type") not in ("image_url", "file", None):
                 continue
             image = part.get("image_url")
-            if image is not None:
+            if image is not None and part.get("type") != "file":
                 yield _image(image)
+            file = part.get("file")
+            if file is not None and part.get("type") != "image_url":
+                document = file_document(file, f"messages[{i}].content[{j}]", documents)
+                if document is not None:
+                    yield document
 
 
 def _image(image: Any) -> ImageInput:
@@ -298,14 +310,23 @@ def _image(image: Any) -> ImageInput:
     return ImageInput(size, detail, image_tokens(size, detail))
 
 
+def billed(rules: tuple[ImageRule, ...], found: ImageInput | Document) -> int:
+    """What ``rules`` bill for one image, or for one PDF: its text bound and, for each page,
+    the most one image of any size costs by them (:func:`largest`)."""
+    if isinstance(found, Document):
+        return found.tokens(largest(rules))
+    return bill(rules, found.size, found.detail)
+
+
 def image_extra_tokens(
     body: Mapping[str, Any],
     rules: tuple[ImageRule, ...],
-    found: tuple[ImageInput, ...] | None = None,
+    found: tuple[ImageInput | Document, ...] | None = None,
 ) -> int:
-    """What ``rules`` bill for ``body``'s images (``found``: read from it already) beyond what
-    the parse counted for them. Less than nothing where the rules bill less (o3's 75 + 150 a
-    tile against GPT-4o's 85 + 170): the parse's count of each image is replaced by the rule's,
-    the same walk over the same parts (:func:`images`), so the rest of the bound is kept."""
+    """What ``rules`` bill for ``body``'s images and PDF page images (``found``: read from it
+    already) beyond what the parse counted for them. Less than nothing where the rules bill
+    less (o3's 75 + 150 a tile against GPT-4o's 85 + 170): the parse's count of each image and
+    document is replaced by the rule's, the same walk over the same parts (:func:`images`), so
+    the rest of the bound is kept."""
     found = tuple(images(body)) if found is None else found
-    return sum(bill(rules, i.size, i.detail) - i.counted for i in found)
+    return sum(billed(rules, i) - i.counted for i in found)

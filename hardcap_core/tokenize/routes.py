@@ -7,10 +7,10 @@ no vocabulary). A route whose chain of targets all count better than the bound
 bound does not fit (admission answers busy, exceeded or queued, and the gateway asks again with
 the count), on every request of a route with ``exact_count: always``, for ``count_tokens`` and
 for the first usage event of an Anthropic stream. A chain is counted as its dearest target
-bills: each target by its own tokenizer, its images by its model's rule (:mod:`~hardcap_core.
-tokenize.images`), an Anthropic model (directly or on Bedrock) with what else it bills beyond
-OpenAI's rules (:func:`~hardcap_core.wire.anthropic_count.anthropic_extra_tokens`), the largest
-of them.
+bills: each target by its own tokenizer, its images and PDF page images by its model's rule
+(:mod:`~hardcap_core.tokenize.images`), an Anthropic model (directly or on Bedrock) with what
+else it bills beyond OpenAI's rules (:func:`~hardcap_core.wire.anthropic_count.
+anthropic_extra_tokens`), the largest of them.
 
 A vocabulary is loaded in a worker thread the first time a count needs it (hundreds of
 milliseconds of CPU, :mod:`~hardcap_core.tokenize.vocabularies`), so streams in flight on the
@@ -36,6 +36,7 @@ from hardcap_core.ledger import AdmitResult, Queued, Refused
 from hardcap_core.logs import logger
 from hardcap_core.tokenize.images import ImageInput, image_extra_tokens, images
 from hardcap_core.wire.anthropic_count import anthropic_extra_tokens
+from hardcap_core.wire.openai_input import Document
 
 if TYPE_CHECKING:  # imported on first use, for the routes that count (see the docstring)
     from hardcap_core.tokenize.count_api import CountApi, Prefix
@@ -78,16 +79,17 @@ class InputCounts:
 
     def bound(self, route: Route, chat: ChatRequest) -> int:
         """The request's upper bound as the dearest-counting target of its chain bills it:
-        each target's images by its model's rule (:func:`~hardcap_core.tokenize.images.
-        image_extra_tokens`), and an Anthropic model (directly or on Bedrock) its tool-use
-        system prompt and PDF pages beyond what the OpenAI count of the body holds. (A request
-        that came in Anthropic's format was counted with those already.)"""
+        each target's images and the image of each PDF page by its model's rule
+        (:func:`~hardcap_core.tokenize.images.image_extra_tokens`), and an Anthropic model
+        (directly or on Bedrock) its tool-use system prompt beyond what the OpenAI count of
+        the body holds. (A request that came in Anthropic's format was counted with it
+        already.)"""
         found = tuple(images(chat.body))  # read once for every target
         chain = self.chains[route.name]
         return chat.input_tokens + max(self._extra(t, chat, found) for t in chain)
 
     @staticmethod
-    def _extra(target: Route, chat: ChatRequest, found: tuple[ImageInput, ...]) -> int:
+    def _extra(target: Route, chat: ChatRequest, found: tuple[ImageInput | Document, ...]) -> int:
         """What ``target`` bills for ``chat`` beyond the parse's count of its body."""
         extra = image_extra_tokens(chat.body, target.image_rules, found)
         if chat.dialect != ANTHROPIC_MESSAGES and target.upstream.kind in ANTHROPIC_KINDS:
@@ -168,7 +170,8 @@ class InputCounts:
     @staticmethod
     def _rest(target: Route, chat: ChatRequest, prefix: Prefix) -> int:
         """The calibrated bound of the messages after a counted prefix, with what Anthropic
-        bills beyond OpenAI's rules for them (their images by ``target``'s rule, PDF pages)."""
+        bills beyond OpenAI's rules for them (their images and PDF page images by ``target``'s
+        rule)."""
         from hardcap_core.tokenize.counters import CalibratedCounter  # imported by _counters
 
         rest = {"messages": chat.body["messages"][prefix.messages :]}

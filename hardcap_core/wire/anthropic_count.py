@@ -3,9 +3,10 @@ admission reserves first, and what Anthropic bills beyond OpenAI's rules.
 
 The estimate is :func:`hardcap_core.wire.openai_input.input_tokens` on the translated (OpenAI
 chat) body, plus what Anthropic bills beyond OpenAI's rules (:func:`anthropic_extra_tokens`),
-so it is an upper bound whichever kind of upstream the route has. A PDF is read once for both
-(:mod:`hardcap_core.wire.pdf`): its pages' text bound and OpenAI's image of each page in the
-first, what Anthropic's image of a page costs more in the second.
+so it is an upper bound whichever kind of upstream the route has. A PDF counts its pages' text
+bound and GPT-4o's image of each page in the first (:mod:`hardcap_core.wire.pdf`); each route
+target replaces the image of each page by its model's, as it does for images
+(:func:`hardcap_core.tokenize.images.image_extra_tokens`).
 
 ``POST /v1/messages/count_tokens`` answers what the route counts (:mod:`hardcap_core.tokenize`):
 its tokenizer's count where it has one (exact for a public encoding; the calibrated bound, or
@@ -21,26 +22,22 @@ from __future__ import annotations
 from typing import Any
 
 from hardcap_core.chat import ChatRequest
-from hardcap_core.wire.openai_input import pdf_documents
-from hardcap_core.wire.pdf import PAGE_IMAGE_TOKENS
 
 # Anthropic adds a system prompt when tools are given: 159 to 530 input tokens by model and
 # tool_choice (tool-use docs, "Pricing"); the largest is charged.
 TOOL_SYSTEM_PROMPT_TOKENS = 530
-# Images are billed by the route's model (hardcap_core/tokenize/images.py, added per target by
-# hardcap_core/tokenize/routes.py): the parse does not know the route.
-# PDFs: each page is billed as its text plus an image of it (PDF docs: "1,500 to 3,000 tokens
-# per page" of text, plus the image's cost). OpenAI's count of the body holds the text's bound
-# and OpenAI's image of each page (wire/pdf.py); what Anthropic's image costs more is added.
-PDF_PAGE_EXTRA_TOKENS = PAGE_IMAGE_TOKENS["anthropic"] - PAGE_IMAGE_TOKENS["openai"]
+# Images, and the image of each PDF page, are billed by the route's model
+# (hardcap_core/tokenize/images.py, added per target by hardcap_core/tokenize/routes.py): the
+# parse does not know the route. A PDF page is billed as its text plus an image of it (PDF
+# docs: "1,500 to 3,000 tokens per page" of text, plus the image's cost): the most one image
+# costs with the model, 1,600 tokens up to Claude Opus 4.6 / Sonnet 4.6, 4,784 from Opus 4.7.
 
 
 def anthropic_extra_tokens(body: dict[str, Any]) -> int:
     """What Anthropic bills for a translated ``body`` beyond OpenAI's rules: the tool-use
-    system prompt and its image of each PDF page (its images: by the route's model, see
+    system prompt (its images and the images of its PDF pages: by the route's model, see
     :func:`hardcap_core.tokenize.images.image_extra_tokens`)."""
-    extra = TOOL_SYSTEM_PROMPT_TOKENS if body.get("tools") else 0
-    return extra + sum(cost.pages for _, cost in pdf_documents(body)) * PDF_PAGE_EXTRA_TOKENS
+    return TOOL_SYSTEM_PROMPT_TOKENS if body.get("tools") else 0
 
 
 def count_tokens_reply(request: ChatRequest, counted: int | None = None) -> dict[str, int]:

@@ -3,9 +3,9 @@
 The :class:`~hardcap_core.chat.ChatRequest` body is OpenAI chat-completions shaped (the
 lingua franca every provider reads), so a Messages request is translated here once, and the
 input estimate is :func:`hardcap_core.wire.openai_input.input_tokens` on the translated body:
-every field that reaches a provider counts. What Anthropic bills beyond that is added:
-its tool-use system prompt, images by its own rule where that costs more than OpenAI's, and
-PDFs by their pages (:func:`anthropic_extra_tokens`).
+every field that reaches a provider counts. What Anthropic bills beyond that is added: its
+tool-use system prompt (:func:`anthropic_extra_tokens`); images, and the image of each PDF page,
+are counted by the route's model once the route is known (:mod:`hardcap_core.tokenize.routes`).
 
 Which fields are accepted, and what each does to the bill, is the table in
 :mod:`hardcap_core.wire.anthropic_fields`; a field it does not list, or lists as refused, is a

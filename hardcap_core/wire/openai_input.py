@@ -6,8 +6,9 @@ prompt. What is free is listed (:data:`FREE_PARAMETERS`): sampling and output pa
 and labels that steer the call but are not part of the prompt. Text counts by
 :func:`hardcap_core.tokenize.heuristics.input_text_tokens`, an upper bound by character class;
 images and audio by :mod:`hardcap_core.wire.media`; PDFs by their pages, read with a real parser
-(:mod:`hardcap_core.wire.pdf`), each page's text bound plus OpenAI's image of it; any other
-file by its bytes, a token each.
+(:mod:`hardcap_core.wire.pdf`), each page's text bound plus GPT-4o's image of it (each route
+target replaces it by its model's: :func:`hardcap_core.tokenize.images.image_extra_tokens`); any
+other file by its bytes, a token each.
 
 Two things cannot be bounded from the request, and are refused: a file referenced by
 ``file_id`` and earlier audio referenced by ``audio.id`` (their size is on the provider).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from hardcap_core.errors import InvalidRequest
@@ -37,7 +39,13 @@ from hardcap_core.wire.media import (
     url_image_tokens,
 )
 from hardcap_core.wire.openai_tools import tool_call_tokens, tool_definition_tokens
-from hardcap_core.wire.pdf import Allowance, PdfCost, is_declared_pdf, pdf_cost
+from hardcap_core.wire.pdf import (
+    PARSE_PAGE_IMAGE_TOKENS,
+    Allowance,
+    PdfCost,
+    is_declared_pdf,
+    pdf_cost,
+)
 
 # OpenAI's chat format: 3 tokens around each message and 1 more for a name (the cookbook's
 # "How to count tokens"); one more here for any other chat template's separators.
@@ -285,44 +293,71 @@ def _file(file: Any, where: str, documents: Allowance) -> int:
 
 def _file_data(url: str, filename: Any, where: str, documents: Allowance) -> int:
     """A file's data as OpenAI bills it: a PDF as the text bound of its pages plus an image of
-    each; any other file by its bytes, a token each (the bound for text). A file that does not
-    say it is a PDF but reads as one may be taken for either: it counts the larger."""
+    each (:meth:`Document.tokens`); any other file by its bytes, a token each (the bound for
+    text)."""
     payload = data_url_payload(url)
     if payload is None:
         return _value(url)  # not a data URL: the provider gets this text
-    cost, declared = _document(url, payload, filename, where, documents)
-    if cost is None:
-        return decoded_size(payload)
-    tokens = cost.tokens("openai")
-    return tokens if declared else max(tokens, decoded_size(payload))
+    document = _document(url, payload, filename, where, documents)
+    return decoded_size(payload) if document is None else document.tokens()
 
 
-def pdf_documents(body: dict[str, Any]) -> Iterator[tuple[str, PdfCost]]:
-    """Each PDF in ``body``'s file parts, with the path of its data: what it costs (read once
-    for the request, see :mod:`~hardcap_core.wire.pdf`), so how many pages it has."""
+@dataclass(frozen=True, slots=True)
+class Document:
+    """A PDF of a request's file parts: where its data is, what it costs (:class:`PdfCost`),
+    and ``floor``: for a file that does not say it is a PDF but reads as one, its decoded bytes
+    (it may be taken for either, so it counts the larger), else 0."""
+
+    where: str
+    cost: PdfCost
+    floor: int
+
+    def tokens(self, page_image: int = PARSE_PAGE_IMAGE_TOKENS) -> int:
+        """The file's bound with an image of each page costing at most ``page_image`` (the
+        parse's: GPT-4o's largest image; a route's: its model's,
+        :func:`hardcap_core.tokenize.images.image_extra_tokens`)."""
+        return max(self.cost.tokens(page_image), self.floor)
+
+    @property
+    def counted(self) -> int:
+        """What the parse counted for the file."""
+        return self.tokens()
+
+
+def file_document(file: Any, where: str, documents: Allowance) -> Document | None:
+    """The PDF a ``file`` part's value holds in its ``file_data`` (``where``: the part's path),
+    if any, charged to ``documents``."""
+    url = file.get("file_data") if isinstance(file, dict) else None
+    payload = data_url_payload(url) if isinstance(url, str) else None
+    if not isinstance(file, dict) or not isinstance(url, str) or payload is None:
+        return None
+    return _document(url, payload, file.get("filename"), f"{where}.file.file_data", documents)
+
+
+def pdf_documents(body: dict[str, Any]) -> Iterator[Document]:
+    """Each PDF in ``body``'s file parts: where its data is and what it costs (read once for
+    the request, see :mod:`~hardcap_core.wire.pdf`), so how many pages it has."""
     documents = Allowance()
     for i, message in enumerate(body.get("messages") or ()):
         content = message.get("content") if isinstance(message, dict) else None
         for j, part in enumerate(content if isinstance(content, list) else ()):
             if not isinstance(part, dict) or part.get("type") not in ("file", None):
                 continue
-            file = part.get("file")
-            url = file.get("file_data") if isinstance(file, dict) else None
-            payload = data_url_payload(url) if isinstance(url, str) else None
-            if isinstance(file, dict) and isinstance(url, str) and payload is not None:
-                where = f"messages[{i}].content[{j}].file.file_data"
-                cost, _ = _document(url, payload, file.get("filename"), where, documents)
-                if cost is not None:
-                    yield where, cost
+            document = file_document(part.get("file"), f"messages[{i}].content[{j}]", documents)
+            if document is not None:
+                yield document
 
 
 def _document(
     url: str, payload: str, filename: Any, where: str, documents: Allowance
-) -> tuple[PdfCost | None, bool]:
-    """The PDF a file's data holds, if any, and whether the file says it is one."""
+) -> Document | None:
+    """The PDF a file's data holds, if any (see :class:`Document`)."""
     data = base64_bytes(payload)
     declared = is_declared_pdf(url, filename, data)
-    return pdf_cost(data, where, documents, declared=declared), declared
+    cost = pdf_cost(data, where, documents, declared=declared)
+    if cost is None:
+        return None
+    return Document(where, cost, 0 if declared else decoded_size(payload))
 
 
 def check_pdf_pages(body: dict[str, Any], limit: int | None) -> None:
@@ -331,8 +366,9 @@ def check_pdf_pages(body: dict[str, Any], limit: int | None) -> None:
     if limit is None:
         return
     pages = 0
-    for where, cost in pdf_documents(body):
-        pages += cost.pages
+    for document in pdf_documents(body):
+        pages += document.cost.pages
+        where = document.where
         if pages > limit:
             raise InvalidRequest(
                 f"'{where}': this request's documents have at least {pages} pages; the most "

@@ -3,21 +3,24 @@ text of each from what the page draws, not from the bytes of the file.
 
 Providers bill each page's text and an image of each page (OpenAI's file inputs guide: "the
 extracted text and an image of each page", on vision models; Anthropic's PDF support: text
-"1,500 to 3,000 tokens" a page, plus the image), the image at most one image's cost there
-(:data:`PAGE_IMAGE_TOKENS`). A page's text is bounded by what it draws: the strings of the text
-operators (``Tj``, ``TJ``, ``'``, ``"``) of its content streams, decoded (a stream shared by
-pages counting for each; each form XObject times the times the content names it, nested forms
-multiplying; tiling patterns; its annotations' normal appearance and text). A string shown in
-a simple font whose mapping is known (a standard encoding, no ``/ToUnicode``, no
-``/Differences``, no embedded program) is decoded through that encoding (pypdf's own tables)
-and bounded as any prompt text is (:func:`~hardcap_core.tokenize.heuristics.input_text_tokens`);
-in any other font its bytes count times the most a byte becomes as text with that font (its
-``/ToUnicode`` CMap's longest destination, its glyph names), in UTF-8 bytes, each at most a
-token; with no font set, the most of any font of the page. Each text operator adds a token
-for the line break or space an extractor may put there. Operators, numbers and images draw no
-text, so they count nothing. Extracted text is not trusted: an extractor can miss what
-another sees. Past :data:`MAX_PARSED_BYTES` of content a request, the rest is not parsed but
-counted as before: every decoded byte, times the most a byte becomes with the page's fonts.
+"1,500 to 3,000 tokens" a page, plus the image), the image at most the most one image of any
+size costs with the model. The parse counts it as GPT-4o's (:data:`PARSE_PAGE_IMAGE_TOKENS`),
+the route not being known yet; each route target replaces that by its model's
+(:func:`hardcap_core.tokenize.images.image_extra_tokens`), as it does for images. A page's text
+is bounded by what it draws: the strings of the text operators (``Tj``, ``TJ``, ``'``, ``"``)
+of its content streams, decoded (a stream shared by pages counting for each; each form XObject
+times the times the content names it, nested forms multiplying; tiling patterns; its
+annotations' normal appearance and text). A string shown in a simple font whose mapping is
+known (a standard encoding, no ``/ToUnicode``, no ``/Differences``, no embedded program) is
+decoded through that encoding (pypdf's own tables) and bounded as any prompt text is
+(:func:`~hardcap_core.tokenize.heuristics.input_text_tokens`); in any other font its bytes
+count times the most a byte becomes as text with that font (its ``/ToUnicode`` CMap's longest
+destination, its glyph names), in UTF-8 bytes, each at most a token; with no font set, the most
+of any font of the page. Each text operator adds a token for the line break or space an
+extractor may put there. Operators, numbers and images draw no text, so they count nothing.
+Extracted text is not trusted: an extractor can miss what another sees. Past
+:data:`MAX_PARSED_BYTES` of content a request, the rest is not parsed but counted as before:
+every decoded byte, times the most a byte becomes with the page's fonts.
 
 The work is capped per request (:class:`Allowance`: pages, decoded bytes, objects, steps), and
 pypdf's own limits are set from the caps. Past a cap a request is refused (400), never skipped,
@@ -61,12 +64,13 @@ MAX_FORM_DEPTH = 16  # a form draws a form that draws a form...: deeper is refus
 # content streams count every byte, as a string of the widest font the stream may use.
 MAX_PARSED_BYTES = 512 * 1024
 
-# An image of each page, billed as one image: the most one image costs with that provider.
-# OpenAI: the GPT-4o tile rule's bound over every size (85 + 170 x 8 tiles, see media.py); the
-# size a page is rendered at is not documented. Anthropic (and Claude on Bedrock): its vision
-# docs' largest native image, Claude Opus 4.7's (2,576 px on the long edge), 4,784 tokens;
-# earlier models stop at 1,568 px, about 1,600 tokens.
-PAGE_IMAGE_TOKENS = {"openai": IMAGE_BOUND_TOKENS, "anthropic": 4_784}
+# An image of each page, billed as one image of a size not known here (the size a page is
+# rendered at is not documented): at most the most one image costs with the route's model (its
+# rule's largest, tokenize/images.py: GPT-4o's 85 + 170 x 8 tiles = 1,445; Claude up to 4.6
+# 1,600; Claude Opus 4.7 4,784; gpt-4.1-nano 1,536 patches x 2.46 = 3,779; a model of no known
+# family the dearest of all). The parse, before the route is known, counts GPT-4o's; each route
+# target replaces it by its model's, as it does for the parse's GPT-4o count of images.
+PARSE_PAGE_IMAGE_TOKENS = IMAGE_BOUND_TOKENS
 
 # The most a drawn byte becomes as text (UTF-8 bytes) unless its font's CMap or glyph names say
 # more: a simple font maps a byte to a character (at most 3 bytes: standard encodings stay in
@@ -79,7 +83,7 @@ BYTE_EXPANSION = 1.0
 
 @dataclass(frozen=True, slots=True)
 class PdfCost:
-    """What a document costs, before the page images (which depend on the provider), and
+    """What a document costs, before the page images (which depend on the route's model), and
     what reading it took (charged to the request's :class:`Allowance`)."""
 
     pages: int
@@ -88,9 +92,10 @@ class PdfCost:
     objects: int
     steps: int
 
-    def tokens(self, provider: str) -> int:
-        """The document's bound with ``provider``'s image of each page."""
-        return self.text_tokens + self.pages * PAGE_IMAGE_TOKENS[provider]
+    def tokens(self, page_image: int = PARSE_PAGE_IMAGE_TOKENS) -> int:
+        """The document's bound with an image of each page costing at most ``page_image``
+        (the parse's: GPT-4o's largest image)."""
+        return self.text_tokens + self.pages * page_image
 
 
 class Allowance:

@@ -8,6 +8,11 @@ upstream or to an Anthropic one, and as an Anthropic `document` block. The mock 
 its modes, each page's text (pypdf's extraction, tokenized by cl100k_base) and an image of
 each page. Each is refused before anything is billed; a small PDF is answered until the budget
 says no, one at a time and 8 at once, and what the mock billed stays within the budget.
+
+The image of each page is held at the route's model's largest image (Claude up to 4.6: 1,600;
+Claude Opus 4.7: 4,784; gpt-4.1-nano's patches: 3,779; GPT-4o's tiles: 1,445), and the mock
+bills it by the same model's rule: the hold follows the route's model and is never below the
+bill.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 import redis
@@ -82,6 +88,9 @@ def gateway(valkey: LocalValkey, mock: Mock, monkeypatch: pytest.MonkeyPatch) ->
     data = config_data(
         mock.url, valkey.url, **{"tenants.0.budgets": budgets, "gateway.max_body_bytes": 1_048_576}
     )
+    # The OpenAI route on GPT-4o: a model of no known family is held every rule's dearest page
+    # image (gpt-4o-mini's 48,169 tokens), more than this budget. The mock bills GPT-4o's rule.
+    data["routes"][0]["model"] = "gpt-4o"
     data["upstreams"].append(
         {"name": "claude", "kind": "anthropic", "base_url": f"{mock.url}/v1",
          "timeout_seconds": 5, "api_key_env": KEY_ENV}
@@ -195,3 +204,67 @@ def test_a_route_s_max_pdf_pages_refuses_more_pages_with_a_400(
             )  # fmt: skip
         assert caught.value.param == "messages[0].content[1].file.file_data"
         assert spent(mock) == 0
+
+
+# route: (upstream, model, the most one image costs with it: the hold of each page's image)
+MODELS = {
+    "sonnet": ("claude", "claude-sonnet-4-5", 1_600),
+    "opus": ("claude", "claude-opus-4-7", 4_784),
+    "gpt-4o": ("mock", "gpt-4o", 1_445),
+    "nano": ("mock", "gpt-4.1-nano", 3_779),
+}
+
+
+@pytest.fixture
+def models(valkey: LocalValkey, mock: Mock, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A gateway with a route per model of :data:`MODELS`, on the mock in both its modes."""
+    monkeypatch.setenv(KEY_ENV, "sk-ant-test")
+    with redis.Redis.from_url(valkey.url) as r:
+        r.flushall()
+    mock.reset()
+    data = config_data(mock.url, valkey.url, **{"gateway.max_body_bytes": 1_048_576})
+    data["upstreams"].append(
+        {"name": "claude", "kind": "anthropic", "base_url": f"{mock.url}/v1",
+         "timeout_seconds": 5, "api_key_env": KEY_ENV}
+    )  # fmt: skip
+    price = {"input_per_million": 1.0, "output_per_million": 2.0}
+    data["routes"] += [
+        {"name": name, "upstream": upstream, "model": model, "price": price,
+         "max_output_tokens": 1024}
+        for name, (upstream, model, _) in MODELS.items()
+    ]  # fmt: skip
+    with gateway_thread(data) as url:
+        yield url
+
+
+def test_a_page_s_image_is_held_by_the_route_s_model_and_never_below_its_bill(
+    models: str, mock: Mock
+) -> None:
+    pages = 3
+    pdf = pages_pdf([text_content(prose(600))] * pages)
+    data = base64.b64encode(pdf).decode()
+    file = {"filename": "report.pdf", "file_data": f"data:application/pdf;base64,{data}"}
+    parts: Any = [{"type": "text", "text": "Summarize the report."}, {"type": "file", "file": file}]
+    messages = [{"role": "user", "content": parts}]
+    held, billed = {}, {}
+    with openai.OpenAI(base_url=models, api_key=KEYS["alpha"], max_retries=0) as client:
+        for route in MODELS:
+            quoted = httpx.post(
+                f"{models}/hardcap/quote",
+                json={"model": route, "messages": messages, "max_tokens": 8, "user": "alpha"},
+                headers={"authorization": f"Bearer {KEYS['alpha']}"},
+            ).json()
+            held[route] = quoted["input_tokens"]
+            answer = client.chat.completions.create(
+                model=route, messages=messages, max_tokens=8, user="alpha"
+            )
+            billed[route] = answer.usage.prompt_tokens if answer.usage else 0
+    print(f"\nheld {held}\nbilled {billed}")
+    for route in MODELS:
+        assert billed[route] <= held[route] <= 3 * billed[route], route
+    # The same request, its pages' images the only difference between two routes of a kind.
+    assert held["opus"] - held["sonnet"] == pages * (4_784 - 1_600)
+    assert held["nano"] - held["gpt-4o"] == pages * (3_779 - 1_445)
+    # The mock bills a page as its model's provider does: Opus 4.7's larger images, patches.
+    assert billed["opus"] > billed["sonnet"] and billed["nano"] > billed["gpt-4o"]
+    assert reserved_left(models, KEYS["alpha"]) == 0

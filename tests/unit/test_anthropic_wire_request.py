@@ -13,15 +13,11 @@ import pytest
 from hardcap_core.errors import InvalidRequest
 from hardcap_core.local.mock_anthropic import anthropic_prompt_tokens
 from hardcap_core.tokenize.images import image_extra_tokens, rules_for
-from hardcap_core.wire.anthropic_count import (
-    PDF_PAGE_EXTRA_TOKENS,
-    TOOL_SYSTEM_PROMPT_TOKENS,
-    count_tokens_reply,
-)
+from hardcap_core.wire.anthropic_count import TOOL_SYSTEM_PROMPT_TOKENS, count_tokens_reply
 from hardcap_core.wire.anthropic_request import parse_messages_request
 from hardcap_core.wire.openai_input import input_tokens
 from hardcap_core.wire.openai_request import parse_chat_request
-from hardcap_core.wire.pdf import PAGE_IMAGE_TOKENS
+from hardcap_core.wire.pdf import PARSE_PAGE_IMAGE_TOKENS
 from tests.pdf_samples import attacks, pages_pdf, text_content
 
 HI = [{"role": "user", "content": "hello"}]
@@ -299,13 +295,18 @@ def document(data: bytes, **block: Any) -> Any:
     return {"type": "document", "source": source, **block}
 
 
-def test_a_pdf_counts_its_pages_text_bound_and_anthropics_image_of_each_page() -> None:
+def test_a_pdf_counts_its_pages_text_bound_and_the_route_model_s_image_of_each_page() -> None:
     content = [document(pages_pdf([text_content("Quarterly figures.")] * 3), title="report.pdf")]
     request = parse(max_tokens=5, messages=[{"role": "user", "content": content}])
     part = request.body["messages"][0]["content"][-1]
     assert part["type"] == "file" and part["file"]["filename"] == "report.pdf"
-    assert request.input_tokens - input_tokens(request.body) == 3 * PDF_PAGE_EXTRA_TOKENS
-    assert input_tokens(request.body) > 3 * PAGE_IMAGE_TOKENS["openai"]
+    # The parse counts GPT-4o's largest image for each page, as it counts images; the route's
+    # model replaces it (tokenize/routes.py): Claude up to 4.6 1,600, Claude Opus 4.7 4,784.
+    assert request.input_tokens == input_tokens(request.body)
+    assert input_tokens(request.body) > 3 * PARSE_PAGE_IMAGE_TOKENS
+    sonnet, opus = rules_for("claude-sonnet-4-5"), rules_for("claude-opus-4-7")
+    assert image_extra_tokens(request.body, sonnet) == 3 * (1_600 - PARSE_PAGE_IMAGE_TOKENS)
+    assert image_extra_tokens(request.body, opus) == 3 * (4_784 - PARSE_PAGE_IMAGE_TOKENS)
 
 
 # The issue's ways past the cap with an Anthropic document block (tests/pdf_samples.py); the
@@ -317,12 +318,16 @@ ATTACKS = {
 }
 
 
+@pytest.mark.parametrize("model", ["claude-sonnet-4-5", "claude-opus-4-7", "small"])
 @pytest.mark.parametrize("name", ATTACKS)
-def test_a_document_is_never_estimated_below_what_anthropic_bills(name: str) -> None:
+def test_a_document_is_never_estimated_below_what_anthropic_bills(name: str, model: str) -> None:
     content = [document(ATTACKS[name]), {"type": "text", "text": "Summarize the report."}]
-    body = {"model": "small", "max_tokens": 5, "messages": [{"role": "user", "content": content}]}
+    body = {"model": model, "max_tokens": 5, "messages": [{"role": "user", "content": content}]}
     billed = anthropic_prompt_tokens(body)  # pypdf's text of each page, and its image
-    assert parse(**body).input_tokens >= billed > 10_000
+    request = parse(**body)
+    # What a route on the model holds: the parse's count, the pages' images by its rule.
+    held = request.input_tokens + image_extra_tokens(request.body, rules_for(model, "anthropic"))
+    assert held >= billed > 10_000
 
 
 def test_a_document_that_is_not_a_pdf_is_a_400_naming_the_field() -> None:
