@@ -17,8 +17,8 @@ Tenant: `metadata.user_id`, else "anonymous". The same ground truth as the OpenA
 The prompt is billed as Anthropic bills it, with cl100k_base standing in for Claude's own
 tokenizer (`anthropic_prompt_tokens`): the system prompt, every message's blocks (text,
 tool_use name and input, tool_result content, thinking text, documents), images by
-Anthropic's rule (width x height / 750 after scaling to fit 1568 px and 1.15 megapixels, at
-most 1,600; 1,600 when the size cannot be read; Claude Opus 4.7 and later 2,576 px, 3.75
+Anthropic's rule (width x height / 750 after scaling to fit 1568 px and 1.23 megapixels, at
+most 1,640; 1,640 when the size cannot be read; Claude Opus 4.7 and later 2,576 px, 3.75
 megapixels, 4,784: :func:`image_limits`), a base64 PDF document as its PDF support page says
 (each page's extracted text, and an image of the page, rendered as `mock_billing` does and
 billed by the model's image rule; a PDF it cannot read is refused, as the API refuses it), each
@@ -86,9 +86,11 @@ from hardcap_core.wire.media import base64_bytes, image_size
 
 TOOL_SYSTEM_TOKENS = 346  # Anthropic's tool-use system prompt (tool_choice auto or none)
 TOKENS_PER_MESSAGE = 3
-IMAGE_MAX_TOKENS = 1_600
+# The vision docs' "~1.15 megapixels, ~1,600 tokens", read as their table of the largest images
+# not resized reads it: 784 x 1,568 (1:2) is among them, 1,229,312 pixels, 1,640 tokens.
+IMAGE_MAX_TOKENS = 1_640
 IMAGE_LONG_EDGE = 1_568
-IMAGE_MAX_PIXELS = 1_150_000
+IMAGE_MAX_PIXELS = 1_229_312
 # Claude Opus 4.7 and later take larger images (Anthropic's vision docs): 2,576 px on the long
 # edge, ~3.75 megapixels, 4,784 tokens at most.
 HIGH_RES = (2_576, 3_750_000, 4_784)
@@ -335,7 +337,7 @@ def _pdf(block: dict[str, Any]) -> tuple[tuple[str, tuple[int, int]], ...] | Non
 
 def image_tokens(source: Any, limits: Limits = DEFAULT_LIMITS) -> int:
     """Anthropic's image rule: (w x h) / 750 after scaling down to fit the model's ``limits``,
-    at most its largest image (1,600 tokens; 4,784 from Claude Opus 4.7)."""
+    at most its largest image (1,640 tokens; 4,784 from Claude Opus 4.7)."""
     size = None
     if isinstance(source, dict) and source.get("type") == "base64":
         size = image_size(base64_bytes(str(source.get("data", "")), 64 * 1024))

@@ -14,7 +14,7 @@ with its sources):
   detail for these models.
 - :class:`AreaRule` (Anthropic's Claude, directly or on Bedrock): ``width x height / 750``
   after scaling the long edge down to the model's limit (1,568 px; 2,576 px from Claude Opus
-  4.7), at most the model's largest image (about 1,600 tokens; 4,784), and never below its
+  4.7), at most the model's largest image (1,640 tokens; 4,784), and never below its
   28-px patches (``ceil(w/28) x ceil(h/28)``, how the newer docs state it).
 
 A model's rules come from :data:`FAMILIES`, the first pattern found in its lowercased name. A
@@ -27,7 +27,7 @@ route not being known yet; :func:`image_extra_tokens` is what a route's rules bi
 added per target by :mod:`hardcap_core.tokenize.routes`. A PDF's image of each page is one image
 of a size the request does not say (providers do not document what they render a page at): the
 parse counted GPT-4o's largest (:mod:`hardcap_core.wire.pdf`), a route its model's (:func:`largest`:
-Claude up to 4.6 1,600, Claude Opus 4.7 4,784, gpt-4.1-nano 3,779, no known family the dearest).
+Claude up to 4.6 1,640, Claude Opus 4.7 4,784, gpt-4.1-nano 3,779, no known family the dearest).
 """
 
 from __future__ import annotations
@@ -165,9 +165,11 @@ O4_MINI = PatchRule(1.72)
 GPT_5_MINI = PatchRule(1.62)
 GPT_5_NANO = PatchRule(2.46)
 # Anthropic's vision docs: a long edge of 1,568 px and ~1.15 megapixels (~1,600 tokens) up to
-# Claude Opus 4.6 / Sonnet 4.6; Claude Opus 4.7 takes 2,576 px, ~3.75 megapixels (4,784
-# 28-px patches, the page image wire/pdf.py bounds a PDF page by).
-CLAUDE = AreaRule(1568, 1600)
+# Claude Opus 4.6 / Sonnet 4.6, but the same page's table of the largest images not resized
+# lists 784 x 1,568 (1:2), which is 1,639.1 tokens by its own formula: the larger reading, 1,640,
+# is the most one image holds. Claude Opus 4.7 takes 2,576 px, ~3.75 megapixels (4,784 28-px
+# patches, the page image wire/pdf.py bounds a PDF page by).
+CLAUDE = AreaRule(1568, 1640)
 CLAUDE_HIGH_RES = AreaRule(2576, 4784)
 
 # Every rule: what a model no pattern knows is billed by, the dearest for each size.

@@ -30,7 +30,7 @@ TOOL_SYSTEM_PROMPT_TOKENS = 530
 # (hardcap_core/tokenize/images.py, added per target by hardcap_core/tokenize/routes.py): the
 # parse does not know the route. A PDF page is billed as its text plus an image of it (PDF
 # docs: "1,500 to 3,000 tokens per page" of text, plus the image's cost): the most one image
-# costs with the model, 1,600 tokens up to Claude Opus 4.6 / Sonnet 4.6, 4,784 from Opus 4.7.
+# costs with the model, 1,640 tokens up to Claude Opus 4.6 / Sonnet 4.6, 4,784 from Opus 4.7.
 
 
 def anthropic_extra_tokens(body: dict[str, Any]) -> int:

@@ -67,7 +67,7 @@ MAX_PARSED_BYTES = 512 * 1024
 # An image of each page, billed as one image of a size not known here (the size a page is
 # rendered at is not documented): at most the most one image costs with the route's model (its
 # rule's largest, tokenize/images.py: GPT-4o's 85 + 170 x 8 tiles = 1,445; Claude up to 4.6
-# 1,600; Claude Opus 4.7 4,784; gpt-4.1-nano 1,536 patches x 2.46 = 3,779; a model of no known
+# 1,640; Claude Opus 4.7 4,784; gpt-4.1-nano 1,536 patches x 2.46 = 3,779; a model of no known
 # family the dearest of all). The parse, before the route is known, counts GPT-4o's; each route
 # target replaces it by its model's, as it does for the parse's GPT-4o count of images.
 PARSE_PAGE_IMAGE_TOKENS = IMAGE_BOUND_TOKENS

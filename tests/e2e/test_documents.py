@@ -9,7 +9,7 @@ its modes, each page's text (pypdf's extraction, tokenized by cl100k_base) and a
 each page. Each is refused before anything is billed; a small PDF is answered until the budget
 says no, one at a time and 8 at once, and what the mock billed stays within the budget.
 
-The image of each page is held at the route's model's largest image (Claude up to 4.6: 1,600;
+The image of each page is held at the route's model's largest image (Claude up to 4.6: 1,640;
 Claude Opus 4.7: 4,784; gpt-4.1-nano's patches: 3,779; GPT-4o's tiles: 1,445), and the mock
 bills it by the same model's rule: the hold follows the route's model and is never below the
 bill.
@@ -208,7 +208,7 @@ def test_a_route_s_max_pdf_pages_refuses_more_pages_with_a_400(
 
 # route: (upstream, model, the most one image costs with it: the hold of each page's image)
 MODELS = {
-    "sonnet": ("claude", "claude-sonnet-4-5", 1_600),
+    "sonnet": ("claude", "claude-sonnet-4-5", 1_640),
     "opus": ("claude", "claude-opus-4-7", 4_784),
     "gpt-4o": ("mock", "gpt-4o", 1_445),
     "nano": ("mock", "gpt-4.1-nano", 3_779),
@@ -263,7 +263,7 @@ def test_a_page_s_image_is_held_by_the_route_s_model_and_never_below_its_bill(
     for route in MODELS:
         assert billed[route] <= held[route] <= 3 * billed[route], route
     # The same request, its pages' images the only difference between two routes of a kind.
-    assert held["opus"] - held["sonnet"] == pages * (4_784 - 1_600)
+    assert held["opus"] - held["sonnet"] == pages * (4_784 - 1_640)
     assert held["nano"] - held["gpt-4o"] == pages * (3_779 - 1_445)
     # The mock bills a page as its model's provider does: Opus 4.7's larger images, patches.
     assert billed["opus"] > billed["sonnet"] and billed["nano"] > billed["gpt-4o"]

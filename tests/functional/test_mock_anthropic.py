@@ -161,7 +161,7 @@ def test_the_bill_counts_images_tools_and_every_block() -> None:
     big = anthropic_prompt_tokens(
         image({"type": "base64", "media_type": "image/png", "data": png(4000, 4000)})
     )
-    assert big == 3 + 1_534  # scaled to 1072 x 1072 (1.15 MP): 1,532.3 -> 1,533 .. 1,534
+    assert big == 3 + 1_640  # scaled to ~1109 x 1109 (1.23 MP): 1,639.1 -> 1,640
     remote = anthropic_prompt_tokens(image({"type": "url", "url": "https://x/y.png"}))
     assert remote == 3 + IMAGE_MAX_TOKENS
     plain: Any = {"model": "m", "messages": says("hello")}

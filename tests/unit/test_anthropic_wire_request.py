@@ -275,7 +275,7 @@ def test_images_count_by_the_route_s_model_not_at_parse() -> None:
     claude = rules_for("claude-sonnet-4-5")
     remote = image({"type": "url", "url": "https://example.com/cat.png"})
     assert remote.input_tokens == input_tokens(remote.body)
-    assert image_extra_tokens(remote.body, claude) == 1600 - 1445
+    assert image_extra_tokens(remote.body, claude) == 1640 - 1445
     # 1092 x 1092: OpenAI's rule says 765 tokens, Anthropic's 1590.
     square = image({"type": "base64", "media_type": "image/png", "data": png(1092, 1092)})
     assert image_extra_tokens(square.body, claude) == 1590 - 765
@@ -305,7 +305,7 @@ def test_a_pdf_counts_its_pages_text_bound_and_the_route_model_s_image_of_each_p
     assert request.input_tokens == input_tokens(request.body)
     assert input_tokens(request.body) > 3 * PARSE_PAGE_IMAGE_TOKENS
     sonnet, opus = rules_for("claude-sonnet-4-5"), rules_for("claude-opus-4-7")
-    assert image_extra_tokens(request.body, sonnet) == 3 * (1_600 - PARSE_PAGE_IMAGE_TOKENS)
+    assert image_extra_tokens(request.body, sonnet) == 3 * (1_640 - PARSE_PAGE_IMAGE_TOKENS)
     assert image_extra_tokens(request.body, opus) == 3 * (4_784 - PARSE_PAGE_IMAGE_TOKENS)
 
 

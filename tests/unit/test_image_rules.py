@@ -81,12 +81,14 @@ def test_the_patch_rule_gives_the_guides_examples() -> None:
 
 
 # Anthropic's vision page: tokens = width x height / 750 (1000 x 1000 ~1,334; 1092 x 1092
-# ~1,590), scaled to a 1,568-px long edge and ~1,600 tokens; Claude Opus 4.7 to 2,576 px.
+# ~1,590; 784 x 1,568 ~1,639, the largest its table lists unresized), scaled to a 1,568-px long
+# edge and at most that, 1,640; Claude Opus 4.7 to 2,576 px.
 def test_the_area_rule_gives_anthropics_table() -> None:
     assert CLAUDE.tokens((1000, 1000), None) == 1334
     assert CLAUDE.tokens((1092, 1092), None) == 1590
     assert CLAUDE.tokens((200, 200), None) == 64  # its 28-px patches: more than 200^2 / 750
-    assert CLAUDE.tokens((8000, 8000), None) == CLAUDE.tokens(None, None) == 1600
+    assert CLAUDE.tokens((784, 1568), None) == 1640
+    assert CLAUDE.tokens((8000, 8000), None) == CLAUDE.tokens(None, None) == 1640
     assert CLAUDE_HIGH_RES.tokens((2000, 2000), None) == 4784  # 5,334 before its cap
     assert CLAUDE_HIGH_RES.tokens((1000, 1000), None) == 1334
 
