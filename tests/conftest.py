@@ -23,16 +23,6 @@ if TYPE_CHECKING:
     from hardcap_core.rollup.table import UsageTable
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test``: ``--dist loadgroup``), a file's tests run on one
-    worker, in order, unless they name a group of their own (the real clients share one): a
-    module-scoped fixture is then set up once (a SAM build, a wheel), not once per worker, and
-    a module's mock hands out its seeded plans in the order a serial run does."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
-
-
 @pytest.fixture(scope="session")
 def valkey() -> Iterator[LocalValkey]:
     with LocalValkey() as server:
