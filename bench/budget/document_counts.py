@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.lib.machine import ROOT, machine_info, write_json
+from bench.lib.machine import ROOT, write_goal_result
 from hardcap_core.chat import ChatRequest
 from hardcap_core.config import parse_config
 from hardcap_core.local import mock_anthropic, mock_billing
@@ -144,20 +144,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{model:<{width}} {before} -> {after}, never below: {s['never_below']}")
     missed = [m for m, s in per_model.items() if not s["never_below"]]
     missed += [m for m, s in per_model.items() if s["ratio_max"] > GOAL_MOST]
-    write_json(
+    missed = write_goal_result(
         args.out,
-        {
-            "benchmark": "document-counts",
-            "command": "python -m bench document_counts "
-            + " ".join(argv if argv is not None else sys.argv[1:]),
-            "machine": machine_info(),
-            "goal": {"never_below": True, "ratio_max": GOAL_MOST},
-            "rows": rows,
-            "per_model": per_model,
-            "missed": sorted(set(missed)),
-        },
+        "document-counts",
+        argv,
+        goal={"never_below": True, "ratio_max": GOAL_MOST},
+        rows=rows,
+        per_model=per_model,
+        missed=missed,
     )
-    print(f"goals missed by: {sorted(set(missed)) or 'none'}")
     return 1 if args.check and missed else 0
 
 

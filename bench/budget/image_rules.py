@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.budget.input_shapes import png
-from bench.lib.machine import ROOT, machine_info, write_json
+from bench.lib.machine import ROOT, write_goal_result
 from hardcap_core.config import parse_config
 from hardcap_core.local import mock_anthropic, mock_billing
 from hardcap_core.tokenize.routes import InputCounts
@@ -143,20 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     missed = [m for m in known if not per_model[m]["never_over"]]
     missed += [m for m in known if per_model[m]["usable"] < GOAL_USABLE]
     missed += [UNKNOWN] if not per_model[UNKNOWN]["never_over"] else []
-    write_json(
+    missed = write_goal_result(
         args.out,
-        {
-            "benchmark": "image-rules",
-            "command": "python -m bench image_rules "
-            + " ".join(argv if argv is not None else sys.argv[1:]),
-            "machine": machine_info(),
-            "goal": {"never_over": True, "usable_min": GOAL_USABLE},
-            "rows": rows,
-            "per_model": per_model,
-            "missed": sorted(set(missed)),
-        },
+        "image-rules",
+        argv,
+        goal={"never_over": True, "usable_min": GOAL_USABLE},
+        rows=rows,
+        per_model=per_model,
+        missed=missed,
     )
-    print(f"goals missed by: {sorted(set(missed)) or 'none'}")
     return 1 if args.check and missed else 0
 
 

@@ -174,5 +174,36 @@ def write_json(path: Path, result: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+def write_goal_result(
+    path: Path,
+    benchmark: str,
+    argv: list[str] | None,
+    *,
+    goal: dict[str, Any],
+    rows: list[dict[str, Any]],
+    per_model: dict[str, Any],
+    missed: list[str],
+) -> list[str]:
+    """Write a per-model ratio result (``python -m bench <name>``'s rows, per-model summary
+    and the goals it missed) and say which it missed; returns those, sorted."""
+    missed = sorted(set(missed))
+    name = benchmark.replace("-", "_")
+    write_json(
+        path,
+        {
+            "benchmark": benchmark,
+            "command": f"python -m bench {name} "
+            + " ".join(argv if argv is not None else sys.argv[1:]),
+            "machine": machine_info(),
+            "goal": goal,
+            "rows": rows,
+            "per_model": per_model,
+            "missed": missed,
+        },
+    )
+    print(f"goals missed by: {missed or 'none'}")
+    return missed
+
+
 if __name__ == "__main__":
     print(json.dumps(machine_info(), indent=2))
