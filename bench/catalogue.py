@@ -272,6 +272,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                 "against f89f620, A/B)",
             ),
             Result(
+                "wrk-ab-dc83fb9.json",
+                "--targets direct,gateway --base-tree BASE --gateway-tree HEAD --rounds 3 "
+                "--block-seconds 5 --out bench/results/wrk-ab-dc83fb9.json",
+                "docs/benchmarks.md (this session's request path against dc83fb9, A/B)",
+            ),
+            Result(
                 "wrk-ab-hot-path-trims.json",
                 "--targets direct,gateway --base-tree BASE --rounds 3 --block-seconds 5 "
                 "--out bench/results/wrk-ab-hot-path-trims.json",
