@@ -212,14 +212,20 @@ async def test_leaving_a_stream_drops_the_connection_at_once(
 
 async def test_a_cancelled_reader_closes_the_stream(fake: Mock, provider: BedrockConverse) -> None:
     request = chat("x [mock:tokens=500] [mock:pace_ms=20]", stream=True)
+    read = asyncio.Event()
 
     async def read_all() -> None:
         async with provider.stream(route(fake.url, "fake.model-v1:0"), request, 999) as reads:
+            n = 0
             async for _ in reads:
-                pass
+                n += 1
+                if n == 5:  # past messageStart and the block's start: tokens are flowing
+                    read.set()
 
     task = asyncio.create_task(read_all())
-    await asyncio.sleep(1.0)  # the first call of a provider also creates its client
+    # Cancelled once output flows (its fifth read): the first call of a provider also creates
+    # its client, which took more than a fixed second on a loaded machine (no token yet).
+    await asyncio.wait_for(read.wait(), 30)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
